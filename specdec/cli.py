@@ -1,0 +1,80 @@
+"""Command line: `python -m specdec generate --prompt TEXT [...]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from specdec.config import DEFAULT_ARMS, METHODS, GenerationConfig
+from specdec.models import DEFAULT_MAMBA, DEFAULT_TARGET, DEFAULT_TF, ModelLoadError, Models
+from specdec.records import RoundRecord, Summary
+
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    g = sub.add_parser("generate", help="decode one prompt and print the text (or --json)")
+    g.add_argument("--prompt", required=True, help="user message; wrapped in the target's chat template")
+    g.add_argument("--method", default="mamba-ucb", choices=list(METHODS))
+    g.add_argument("--target", default=DEFAULT_TARGET, help="preset, local folder, .gguf file or hub id")
+    g.add_argument("--drafter", default=None, help="drafter model for the method (preset, folder or hub id)")
+    g.add_argument("--tree", default=None, help="tree shape: a chain length like 4, or widths like 3,2,1")
+    g.add_argument("--arms", default=None, help=f"bandit arms for *-ucb (default '{DEFAULT_ARMS}')")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--lambda-ucb", type=float, default=1.0)
+    g.add_argument("--lambda-gamma", type=float, default=0.1)
+    g.add_argument("--reward", default="paper", choices=["paper", "throughput"])
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
+    g.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    g.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text, without the chat template")
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming the text")
+    g.add_argument("--verbose", action="store_true", help="print one line per round to stderr")
+    g.set_defaults(func=cmd_generate)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from specdec.engine import generate  # heavy imports only when generating
+
+    config = GenerationConfig(method=args.method, tree=args.tree, arms=args.arms, temperature=args.temperature,
+                              top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                              lambda_ucb=args.lambda_ucb, lambda_gamma=args.lambda_gamma, reward=args.reward)
+    config.validate()  # fail on bad settings before any model loads
+    drafter_kind = config.spec.drafter
+    models = Models(target=args.target,
+                    mamba_drafter=args.drafter if args.drafter and drafter_kind == "mamba" else DEFAULT_MAMBA,
+                    tf_drafter=args.drafter if args.drafter and drafter_kind == "transformer" else DEFAULT_TF,
+                    device=args.device, dtype=args.dtype)
+    summary: Summary | None = None
+    for event in generate(models, args.prompt, config, chat=not args.no_chat):
+        if isinstance(event, RoundRecord):
+            if args.verbose:
+                print(f"round {event.index}: {event.shape_name} accepted {event.accepted_len} "
+                      f"draft {event.draft_ms:.1f} ms verify {event.verify_ms:.1f} ms", file=sys.stderr)
+            if not args.json:
+                print("".join(t.text for t in event.emitted), end="", flush=True)
+        else:
+            summary = event
+    assert summary is not None
+    if args.json:
+        print(json.dumps(summary.to_dict()))
+    else:
+        print(f"\n[{summary.method}] {summary.new_tokens} tokens in {summary.seconds:.2f} s "
+              f"({summary.tokens_per_s:.1f} tok/s), {summary.rounds} rounds, "
+              f"mean accepted length {summary.mean_accepted_len:.2f}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specdec", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_generate(sub)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    try:
+        return args.func(args)
+    except (ValueError, ModelLoadError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2

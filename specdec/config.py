@@ -1,0 +1,88 @@
+"""Generation settings and the named methods (drafter + tree policy) the CLI, app and benchmark offer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specdec.tree import TreeShape, parse_arms, parse_shape
+
+MAX_NEW_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class Method:
+    drafter: str  # "mamba" | "transformer" | "lookup" | "none"
+    policy: str  # "none" | "chain" | "tree" | "ucb"
+    default_tree: str | None
+    description: str
+
+
+# Default shapes are sized for a CPU, where verifying k nodes costs ~1 + k/16 target steps.
+DEFAULT_ARMS = "3; 5; 2,1,1,1; 2,2,1,1; 3,1,1"
+
+METHODS: dict[str, Method] = {
+    "ar": Method("none", "none", None, "target only: plain autoregressive decoding with the KV cache"),
+    "mamba-chain": Method("mamba", "chain", "4", "Mamba drafter, a single chain of draft tokens"),
+    "mamba-tree": Method("mamba", "tree", "2,2,1,1", "Mamba drafter, a fixed tree shape"),
+    "mamba-ucb": Method("mamba", "ucb", None, "Mamba drafter, tree shape chosen each round by a UCB bandit"),
+    "tf-chain": Method("transformer", "chain", "4", "small Transformer drafter, a single chain"),
+    "tf-tree": Method("transformer", "tree", "2,2,1,1", "small Transformer drafter, a fixed tree shape"),
+    "lookup-chain": Method("lookup", "chain", "4", "prompt lookup: copy what followed the last n-gram match"),
+}
+
+REWARDS = ("paper", "throughput")
+
+
+@dataclass
+class GenerationConfig:
+    method: str = "mamba-ucb"
+    tree: str | None = None  # overrides the method's shape: "4" (chain) or "3,2,1"
+    arms: str | None = None  # bandit arms for `*-ucb`, e.g. "4; 2,2,1; 3,1,1"
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+    seed: int = 0
+    lambda_ucb: float = 1.0  # λ_UCB, weight of the exploration term
+    lambda_gamma: float = 0.1  # λ_γ, depth penalty of the paper's reward
+    reward: str = "paper"  # "paper" or "throughput"
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def spec(self) -> Method:
+        return METHODS[self.method]
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self) -> GenerationConfig:
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+            raise ValueError(f"max_new_tokens must be an integer from 1 to {MAX_NEW_TOKENS}, got {self.max_new_tokens}")
+        if not 0.0 <= self.temperature <= 5.0:
+            raise ValueError(f"temperature must be between 0 and 5, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.lambda_ucb < 0 or self.lambda_gamma < 0:
+            raise ValueError("lambda_ucb and lambda_gamma must be >= 0")
+        if self.reward not in REWARDS:
+            raise ValueError(f"reward must be one of {', '.join(REWARDS)}, got {self.reward!r}")
+        arms = self.shapes()
+        if self.spec.drafter == "lookup" and any(not a.is_chain for a in arms):
+            raise ValueError("prompt lookup drafts one deterministic chain; give a chain length such as '4'")
+        return self
+
+    def shapes(self) -> list[TreeShape]:
+        """The tree shapes this run may use: one for fixed policies, the bandit's arms for `*-ucb`."""
+        spec = self.spec
+        if spec.policy == "none":
+            return [TreeShape(())]
+        if spec.policy == "ucb":
+            return parse_arms(self.arms or DEFAULT_ARMS)
+        shape = parse_shape(self.tree or spec.default_tree)
+        if shape.depth == 0:
+            raise ValueError("the tree shape must draft at least one token; use method 'ar' for target-only decoding")
+        if spec.policy == "chain" and not shape.is_chain:
+            raise ValueError(f"method {self.method} drafts a chain; give a chain length such as '4' or use a *-tree method")
+        return [shape]

@@ -1,0 +1,120 @@
+"""The drafter interface and the draft tree it returns.
+
+A drafter's life in one generation:
+    start(context, max_nodes)     consume the prompt; the last prompt token is the first round's root
+    draft(shape, sampler)         propose a tree of shape T = (N1, ..., Nγ) below the root
+    commit(path, next_token)      the target accepted `path` (node indices, root first) and emitted
+                                  `next_token` (correction or bonus), which becomes the next root
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from specdec.sampling import logits_to_probs, sample
+from specdec.tree import TreeShape
+
+
+@dataclass
+class DraftTree:
+    shape: TreeShape  # the shape actually drafted (prompt lookup may return a shorter chain)
+    tokens: list[int]  # [n] node 0 is the root
+    parents: list[int]  # [n] -1 for the root
+    q_tok: list[float]  # [n] q of each node's token at its parent (1.0 for the root)
+    q: torch.Tensor | None  # [n, V] drafter distribution at each node (sampling only; leaf rows unused)
+
+
+@dataclass
+class Sampler:
+    """How drafted children are chosen: greedy takes the top-N distinct tokens, sampling draws N i.i.d."""
+
+    temperature: float
+    top_p: float
+    generator: torch.Generator | None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def children(self, logits: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits: [m, V] at m nodes -> (children tokens [m, width], q [m, V])."""
+        q = logits_to_probs(logits, self.temperature, self.top_p)  # [m, V]
+        if self.greedy:
+            return logits.topk(width, dim=-1).indices, q  # [m, width]
+        return sample(q, width, self.generator), q  # [m, width]
+
+
+def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Pad (with -inf) or cut drafter logits [..., V_d] to the target's width V: ids the drafter lacks get q = 0."""
+    width = logits.shape[-1]
+    if width == vocab_size:
+        return logits
+    if width > vocab_size:
+        return logits[..., :vocab_size]
+    pad = logits.new_full((*logits.shape[:-1], vocab_size - width), float("-inf"))
+    return torch.cat([logits, pad], dim=-1)
+
+
+class TreeBuilder:
+    """Accumulates nodes level by level while a drafter expands a tree."""
+
+    def __init__(self, root: int, keep_q: bool) -> None:
+        self.tokens, self.parents, self.q_tok = [root], [-1], [1.0]
+        self.q_rows: dict[int, torch.Tensor] = {}
+        self.keep_q = keep_q
+
+    def add_level(self, frontier: list[int], kids: torch.Tensor, q: torch.Tensor) -> list[int]:
+        """frontier: m parent nodes; kids: [m, width] tokens; q: [m, V]. Returns the new node indices."""
+        q_kid = q.gather(-1, kids)  # [m, width]
+        new_nodes = []
+        for row, parent in enumerate(frontier):
+            if self.keep_q:
+                self.q_rows[parent] = q[row]
+            for token, q_value in zip(kids[row].tolist(), q_kid[row].tolist()):
+                new_nodes.append(len(self.tokens))
+                self.tokens.append(token)
+                self.parents.append(parent)
+                self.q_tok.append(q_value)
+        return new_nodes
+
+    def build(self, shape: TreeShape, vocab_size: int) -> DraftTree:
+        q = None
+        if self.keep_q:
+            q = torch.zeros(len(self.tokens), vocab_size)
+            for node, row in self.q_rows.items():
+                q[node] = row.float().cpu()
+        return DraftTree(shape, self.tokens, self.parents, self.q_tok, q)
+
+
+class Drafter(ABC):
+    name: str = "drafter"
+
+    @abstractmethod
+    def start(self, context: list[int], max_nodes: int) -> None: ...
+
+    @abstractmethod
+    def draft(self, shape: TreeShape, sampler: Sampler) -> DraftTree: ...
+
+    @abstractmethod
+    def commit(self, path: list[int], next_token: int) -> None: ...
+
+    def state_bytes(self) -> int:
+        return 0
+
+
+class NoDrafter(Drafter):
+    """Target-only decoding: every round is a tree with just the root."""
+
+    name = "none"
+
+    def start(self, context: list[int], max_nodes: int) -> None:
+        self.root = context[-1]
+
+    def draft(self, shape: TreeShape, sampler: Sampler) -> DraftTree:
+        return DraftTree(TreeShape(()), [self.root], [-1], [1.0], None)
+
+    def commit(self, path: list[int], next_token: int) -> None:
+        self.root = next_token

@@ -1,0 +1,194 @@
+"""Mamba drafter with batch-cache tree drafting (PAPER.md, step 1).
+
+Glossary (Mamba paper / mamba-minimal):
+    B       batch rows (one per tree node being stepped)
+    d       model width (hidden_size)         d_in  inner width (expand * d)
+    K       conv kernel width                 N     SSM state size
+    Δ (dt)  input-dependent step size         A, B, C, D  SSM parameters (B, C input-dependent)
+    s_t     the per-layer state: conv window [d_in, K] and SSM state [d_in, N]
+
+The whole context of a sequence is its state `s_t`, so a tree is drafted by copying the parent's state into
+one batch row per child and stepping every node of a depth in one batched call. The state of every drafted
+node is kept in buffers allocated once per generation (row 0 is the root), so catching up after
+verification is a row selection plus one step for the target's correction/bonus token.
+
+`mixer_step_ref` is the readable PyTorch step; on CUDA, when `mamba_ssm` and `causal_conv1d` import,
+their fused single-step kernels are used instead (tests check the two agree where a GPU exists).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import MambaForCausalLM
+
+from specdec.drafters.base import DraftTree, Drafter, Sampler, TreeBuilder, fit_vocab
+from specdec.tree import TreeShape
+
+try:  # GPU kernels; absent (or failing to import) without CUDA
+    from causal_conv1d import causal_conv1d_update as _conv_update_kernel
+    from mamba_ssm.ops.triton.selective_state_update import selective_state_update as _ssm_update_kernel
+except Exception:  # noqa: BLE001 - any import failure means "no kernels"
+    _conv_update_kernel = _ssm_update_kernel = None
+
+
+@dataclass
+class MambaState:
+    """Per-layer states of B rows: conv [L, B, d_in, K] and ssm [L, B, d_in, N], float32."""
+
+    conv: torch.Tensor
+    ssm: torch.Tensor
+
+    @classmethod
+    def zeros(cls, model: MambaForCausalLM, rows: int) -> MambaState:
+        cfg, device = model.config, model.device
+        d_in = cfg.intermediate_size
+        conv = torch.zeros(cfg.num_hidden_layers, rows, d_in, cfg.conv_kernel, device=device)
+        ssm = torch.zeros(cfg.num_hidden_layers, rows, d_in, cfg.state_size, device=device)
+        return cls(conv, ssm)
+
+    def select(self, rows: torch.Tensor) -> MambaState:
+        return MambaState(self.conv[:, rows], self.ssm[:, rows])  # copies
+
+    def write(self, rows: torch.Tensor, other: MambaState) -> None:
+        self.conv[:, rows] = other.conv
+        self.ssm[:, rows] = other.ssm
+
+    @property
+    def nbytes(self) -> int:
+        return self.conv.nbytes + self.ssm.nbytes
+
+
+def mixer_step_ref(mixer, x: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:
+    """One recurrent step of a Mamba mixer; x: [B, d]; conv [B, d_in, K] and ssm [B, d_in, N] updated in place."""
+    x_in, z = mixer.in_proj(x).float().chunk(2, dim=-1)  # [B, d_in] each
+    conv.copy_(torch.roll(conv, shifts=-1, dims=-1))
+    conv[:, :, -1] = x_in
+    x_c = (conv * mixer.conv1d.weight[:, 0, :].float()).sum(-1)  # [B, d_in]
+    if mixer.conv1d.bias is not None:
+        x_c = x_c + mixer.conv1d.bias.float()
+    x_c = mixer.act(x_c)
+    R, N = mixer.time_step_rank, mixer.ssm_state_size
+    dt, B, C = torch.split(mixer.x_proj(x_c.to(x.dtype)).float(), [R, N, N], dim=-1)  # [B, R], [B, N], [B, N]
+    dt = F.softplus(dt @ mixer.dt_proj.weight.float().T + mixer.dt_proj.bias.float())  # Δ: [B, d_in]
+    A = -torch.exp(mixer.A_log.float())  # [d_in, N]
+    ssm.copy_(ssm * torch.exp(dt[..., None] * A) + (dt * x_c)[..., None] * B[:, None, :])  # s_t = Ā s_{t-1} + B̄ x
+    y = (ssm @ C[..., None]).squeeze(-1) + mixer.D.float() * x_c  # [B, d_in]
+    y = y * F.silu(z)
+    return mixer.out_proj(y.to(x.dtype))  # [B, d]
+
+
+def mixer_step_kernel(mixer, x: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:
+    """`mixer_step_ref` with the fused CUDA kernels of causal_conv1d and mamba_ssm."""
+    x_in, z = mixer.in_proj(x).float().chunk(2, dim=-1)
+    bias = mixer.conv1d.bias.float() if mixer.conv1d.bias is not None else None
+    x_c = _conv_update_kernel(x_in, conv, mixer.conv1d.weight[:, 0, :].float(), bias, "silu")
+    R, N = mixer.time_step_rank, mixer.ssm_state_size
+    dt, B, C = torch.split(mixer.x_proj(x_c.to(x.dtype)).float(), [R, N, N], dim=-1)
+    dt = dt @ mixer.dt_proj.weight.float().T
+    A = -torch.exp(mixer.A_log.float())
+    y = _ssm_update_kernel(ssm, x_c, dt, A, B, C, mixer.D.float(), z=z, dt_bias=mixer.dt_proj.bias.float(),
+                           dt_softplus=True)
+    return mixer.out_proj(y.to(x.dtype))
+
+
+def kernels_available(device: torch.device) -> bool:
+    return device.type == "cuda" and _ssm_update_kernel is not None and _conv_update_kernel is not None
+
+
+class MambaDrafter(Drafter):
+    name = "mamba"
+
+    def __init__(self, model: MambaForCausalLM, vocab_size: int, head_ids: torch.Tensor | None = None,
+                 use_kernels: bool | None = None) -> None:
+        self.model = model
+        self.vocab_size = vocab_size
+        self.device = model.device
+        if model.config.hidden_act != "silu":
+            raise ValueError("the Mamba drafter step supports the silu activation only")
+        self.mixer_step = mixer_step_kernel if (kernels_available(self.device) if use_kernels is None
+                                                else use_kernels) else mixer_step_ref
+        weight = model.get_output_embeddings().weight  # [V_d, d]
+        self.head_ids = head_ids.to(self.device) if head_ids is not None else None
+        self.head_weight = weight[self.head_ids] if head_ids is not None else weight  # reduced draft head
+
+    @classmethod
+    def from_folder(cls, model: MambaForCausalLM, vocab_size: int, folder: str | None) -> MambaDrafter:
+        """Use `draft_vocab.json` ({"token_ids": [...]}) beside the weights, when present, as the draft head."""
+        path = Path(folder) / "draft_vocab.json" if folder else None
+        head_ids = None
+        if path is not None and path.is_file():
+            head_ids = torch.tensor(json.loads(path.read_text())["token_ids"], dtype=torch.long)
+        return cls(model, vocab_size, head_ids)
+
+    # --- the batched step -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self, tokens: torch.Tensor, state: MambaState, logits: bool = True) -> torch.Tensor | None:
+        """Feed tokens [B] to B rows of `state` (updated in place). Returns logits [B, V] (target width) or None."""
+        backbone = self.model.backbone
+        h = backbone.embeddings(tokens)  # [B, d]
+        for layer, block in enumerate(backbone.layers):  # as MambaBlock.forward, one token per row
+            x = block.norm(h.to(block.norm.weight.dtype))
+            residual = h.float() if block.residual_in_fp32 else h
+            h = residual + self.mixer_step(block.mixer, x, state.conv[layer], state.ssm[layer])
+        if not logits:
+            return None
+        h = backbone.norm_f(h).to(self.head_weight.dtype)
+        scores = h @ self.head_weight.T  # [B, V_head]
+        if self.head_ids is not None:
+            full = scores.new_full((scores.shape[0], self.vocab_size), float("-inf"))
+            return full.index_copy_(1, self.head_ids, scores).float()
+        return fit_vocab(scores.float(), self.vocab_size)
+
+    @torch.inference_mode()
+    def prefill(self, context: list[int]) -> tuple[MambaState, torch.Tensor]:
+        """Run the prompt from a zero state with the model's full-sequence path; -> (state of 1 row, logits [V])."""
+        ids = torch.tensor([context], device=self.device)
+        out = self.model(input_ids=ids, use_cache=True)
+        layers = out.cache.layers
+        conv = torch.stack([layer.conv_states[0][:, :, -self.model.config.conv_kernel:] for layer in layers]).float()
+        ssm = torch.stack([layer.recurrent_states[0] for layer in layers]).float()
+        logits = out.logits[0, -1]
+        if self.head_ids is not None:  # q must come from the same head as the drafting steps
+            return MambaState(conv, ssm), self._reduce(logits)
+        return MambaState(conv, ssm), fit_vocab(logits.float(), self.vocab_size)
+
+    def _reduce(self, logits: torch.Tensor) -> torch.Tensor:
+        full = logits.new_full((self.vocab_size,), float("-inf"))
+        return full.index_copy_(0, self.head_ids, logits[self.head_ids]).float()
+
+    # --- the Drafter interface ----------------------------------------------------------------------------
+    def start(self, context: list[int], max_nodes: int) -> None:
+        root_state, self.root_logits = self.prefill(context)
+        self.buffers = MambaState.zeros(self.model, max_nodes + 1)  # row i = state after node i's token
+        self.buffers.write(torch.tensor([0], device=self.device), root_state)
+        self.root = context[-1]
+
+    def draft(self, shape: TreeShape, sampler: Sampler) -> DraftTree:
+        builder = TreeBuilder(self.root, keep_q=not sampler.greedy)
+        frontier, frontier_logits = [0], self.root_logits[None]  # [1, V]
+        for depth, width in enumerate(shape.widths):
+            kids, q = sampler.children(frontier_logits, width)  # [m, width], [m, V]
+            new_nodes = builder.add_level(frontier, kids, q)
+            rows = torch.tensor(new_nodes, device=self.device)
+            parent_rows = torch.tensor(frontier, device=self.device).repeat_interleave(width)
+            state = self.buffers.select(parent_rows)  # copy each parent's state once per child
+            is_leaf_level = depth == shape.depth - 1
+            frontier_logits = self.step(kids.flatten(), state, logits=not is_leaf_level)
+            self.buffers.write(rows, state)
+            frontier = new_nodes
+        return builder.build(shape, self.vocab_size)
+
+    def commit(self, path: list[int], next_token: int) -> None:
+        row = torch.tensor([path[-1]], device=self.device)
+        state = self.buffers.select(row)  # the last accepted node's stored state
+        logits = self.step(torch.tensor([next_token], device=self.device), state)
+        self.buffers.write(torch.tensor([0], device=self.device), state)
+        self.root, self.root_logits = next_token, logits[0]
+
+    def state_bytes(self) -> int:
+        return self.buffers.nbytes

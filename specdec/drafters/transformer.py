@@ -1,0 +1,55 @@
+"""A small causal Transformer drafting the same tree shapes (the paper's external-drafter baseline).
+
+Each depth of the tree is one forward over that depth's nodes with a tree attention mask on the drafter's own
+KV cache. Leaves are not fed (their KV is only needed if they are accepted); after verification the cache
+keeps the accepted nodes that were fed, and the rest (an accepted leaf, the target's token) is fed at the
+start of the next round. Unlike a Mamba state, this cache grows with the context.
+"""
+
+from __future__ import annotations
+
+from transformers import PreTrainedModel
+
+from specdec.drafters.base import DraftTree, Drafter, Sampler, TreeBuilder, fit_vocab
+from specdec.kvcache import TreeLM
+from specdec.tree import TreeShape
+
+
+class TransformerDrafter(Drafter):
+    name = "transformer"
+
+    def __init__(self, model: PreTrainedModel, vocab_size: int) -> None:
+        self.lm = TreeLM(model)
+        self.vocab_size = vocab_size
+
+    def start(self, context: list[int], max_nodes: int) -> None:
+        self.lm.reset()
+        self.pending = list(context)  # tokens not yet in the drafter's cache; the last one is the root
+
+    def draft(self, shape: TreeShape, sampler: Sampler) -> DraftTree:
+        logits = fit_vocab(self.lm.feed(self.pending)[-1:], self.vocab_size)  # [1, V] at the root
+        root, self.pending = self.pending[-1], []
+        builder = TreeBuilder(root, keep_q=not sampler.greedy)
+        self.region_index = {}  # tree node -> index in the drafter's speculative cache region
+        frontier = [0]
+        for depth, width in enumerate(shape.widths):
+            kids, q = sampler.children(logits, width)  # [m, width], [m, V]
+            new_nodes = builder.add_level(frontier, kids, q)
+            if depth == shape.depth - 1:
+                break  # leaves are not fed
+            parents = [self.region_index.get(builder.parents[node], -1) for node in new_nodes]
+            for node in new_nodes:
+                self.region_index[node] = len(self.region_index)
+            logits = fit_vocab(self.lm.extend(kids.flatten().tolist(), parents), self.vocab_size)  # [m*width, V]
+            frontier = new_nodes
+        self.tree_tokens = builder.tokens
+        return builder.build(shape, self.vocab_size)
+
+    def commit(self, path: list[int], next_token: int) -> None:
+        fed = [node for node in path[1:] if node in self.region_index]
+        self.lm.commit([self.region_index[node] for node in fed])
+        unfed = [self.tree_tokens[node] for node in path[1 + len(fed):]]  # at most an accepted leaf
+        self.pending = unfed + [next_token]
+
+    def state_bytes(self) -> int:
+        return self.lm.kv_bytes

@@ -1,0 +1,194 @@
+"""The speculative decoding loop: draft a tree, verify it in one target pass, accept, catch up, repeat.
+
+`generate` yields one `RoundRecord` per round and then a `Summary`; it knows nothing of its consumers.
+The target's KV cache holds every emitted token except the last one, `x`, which is the root of the next
+tree: a round feeds `[x] + tree` to the target with a tree attention mask, so `p` is known at every node.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import psutil
+import torch
+
+from specdec.bandit import UCBBandit
+from specdec.config import GenerationConfig
+from specdec.drafters import Drafter, LookupDrafter, MambaDrafter, NoDrafter, Sampler, TransformerDrafter
+from specdec.drafters.base import DraftTree
+from specdec.kvcache import TreeLM
+from specdec.models import Models
+from specdec.records import BanditSnapshot, EmittedToken, RoundRecord, Summary, TreeNode
+from specdec.sampling import Acceptance, accept_greedy, accept_sampling, logits_to_probs
+from specdec.tree import TreeShape
+
+
+def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
+    """Wrap the prompt in the target's chat template (when it has one) and tokenize it."""
+    if not prompt or not prompt.strip():
+        raise ValueError("the prompt is empty")
+    if chat and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                            tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    return tokenizer(prompt)["input_ids"]
+
+
+def make_drafter(models: Models, kind: str) -> Drafter:
+    vocab_size = models.target.vocab_size
+    if kind == "none":
+        return NoDrafter()
+    if kind == "lookup":
+        return LookupDrafter(vocab_size)
+    loaded = models.drafter(kind)
+    if kind == "mamba":
+        return MambaDrafter.from_folder(loaded.model, vocab_size, loaded.source)
+    return TransformerDrafter(loaded.model, vocab_size)
+
+
+class Detokenizer:
+    """Incremental detokenisation: the text each new token adds (byte-level BPE pieces join correctly)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self.ids, self.text = tokenizer, [], ""
+
+    def add(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
+            return ""
+        piece, self.text = text[len(self.text):], text
+        return piece
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _memory(device: torch.device) -> tuple[int, int | None, int | None]:
+    rss = psutil.Process().memory_info().rss
+    if device.type == "cuda":
+        return rss, torch.cuda.memory_allocated(device), torch.cuda.max_memory_allocated(device)
+    return rss, None, None
+
+
+def _accept(tree: DraftTree, logits: torch.Tensor, config: GenerationConfig, generator: torch.Generator,
+            p: torch.Tensor) -> Acceptance:
+    if config.greedy:
+        return accept_greedy(tree.tokens, tree.parents, logits.argmax(-1).tolist())
+    return accept_sampling(tree.tokens, tree.parents, p, tree.q, generator)
+
+
+def _tree_nodes(tree: DraftTree, acc: Acceptance, p: torch.Tensor, tokenizer) -> list[TreeNode]:
+    accepted, rejected = set(acc.path), set(acc.rejected)
+    parents = tree.parents
+    p_tok = [1.0] + [float(p[parents[i], tree.tokens[i]]) for i in range(1, len(tree.tokens))]
+    nodes = []
+    for i, token in enumerate(tree.tokens):
+        status = "root" if i == 0 else "accepted" if i in accepted else "rejected" if i in rejected else "not_reached"
+        nodes.append(TreeNode(i, token, tokenizer.decode([token]), parents[i], 0 if i == 0 else nodes[parents[i]].depth + 1,
+                              tree.q_tok[i], p_tok[i], status))
+    return nodes
+
+
+def generate(models: Models, prompt: str, config: GenerationConfig,
+             stop: threading.Event | None = None, chat: bool = True) -> Iterator[RoundRecord | Summary]:
+    """Decode `prompt` with the configured method; yields a RoundRecord per round, then a Summary."""
+    config.validate()
+    if not prompt or not prompt.strip():
+        raise ValueError("the prompt is empty")
+    target = models.target
+    tokenizer, device = target.tokenizer, target.device
+    prompt_ids = encode_prompt(tokenizer, prompt, chat)
+    shapes = config.shapes()
+    max_depth = max(s.depth for s in shapes)
+    limit = getattr(target.model.config, "max_position_embeddings", None)
+    if limit and len(prompt_ids) + config.max_new_tokens + max_depth + 1 > limit:
+        raise ValueError(f"the prompt has {len(prompt_ids)} tokens; with max_new_tokens={config.max_new_tokens} "
+                         f"it exceeds the target's context of {limit} tokens")
+    eos = target.model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+
+    drafter = make_drafter(models, config.spec.drafter)
+    kind = config.spec.drafter
+    drafter_label = models.drafter(kind).name if kind in ("mamba", "transformer") else kind
+    bandit = UCBBandit(shapes, config.lambda_ucb, config.reward, config.lambda_gamma) if config.spec.policy == "ucb" else None
+    generator = torch.Generator(device=device).manual_seed(config.seed)
+    sampler = Sampler(config.temperature, config.top_p, generator)
+    verifier = TreeLM(target.model)
+    detok = Detokenizer(tokenizer)
+
+    t0 = time.perf_counter()
+    if len(prompt_ids) > 1:
+        verifier.feed(prompt_ids[:-1])  # the last prompt token is the first round's root
+    drafter.start(prompt_ids, max(s.num_drafted for s in shapes))
+    _sync(device)
+    prefill_ms = (time.perf_counter() - t0) * 1e3
+
+    new_ids: list[int] = []
+    rounds = accepted_total = tested_total = drafted_total = 0
+    stop_reason = "max_new_tokens"
+    start = time.perf_counter()
+    while len(new_ids) < config.max_new_tokens:
+        if stop is not None and stop.is_set():
+            stop_reason = "stopped"
+            break
+        arm = bandit.select() if bandit else 0
+        shape: TreeShape = shapes[arm]
+        t_round = time.perf_counter()
+        tree = drafter.draft(shape, sampler)
+        _sync(device)
+        t_draft = time.perf_counter()
+        logits = verifier.extend(tree.tokens, tree.parents)  # [n, V]: one pass over root + tree
+        p = logits_to_probs(logits, config.temperature, config.top_p)  # [n, V]
+        _sync(device)
+        t_verify = time.perf_counter()
+        acc = _accept(tree, logits, config, generator, p)
+        verifier.commit(acc.path)
+        drafter.commit(acc.path, acc.next_token)
+        _sync(device)
+        round_s = time.perf_counter() - t_round
+
+        drafted_new = [tree.tokens[i] for i in acc.path[1:]]
+        emitted_ids = (drafted_new + [acc.next_token])[: config.max_new_tokens - len(new_ids)]
+        if eos_ids & set(emitted_ids):
+            emitted_ids = emitted_ids[: next(i for i, t in enumerate(emitted_ids) if t in eos_ids) + 1]
+            stop_reason = "eos"
+        target_source = "bonus" if acc.is_bonus else "correction"
+        emitted = [EmittedToken(t, detok.add(t), "draft" if i < len(drafted_new) else target_source)
+                   for i, t in enumerate(emitted_ids)]
+        new_ids.extend(emitted_ids)
+
+        snapshot: BanditSnapshot | None = None
+        if bandit:
+            bandit.update(arm, bandit.reward(len(emitted_ids), tree.shape.depth, round_s))
+            snapshot = bandit.snapshot(arm)
+        rounds += 1
+        accepted_total += len(acc.path) - 1
+        tested_total += acc.tested_depths
+        drafted_total += len(tree.tokens) - 1
+        rss, cuda_alloc, cuda_peak = _memory(device)
+        yield RoundRecord(
+            index=rounds - 1, shape=list(tree.shape.widths), shape_name=tree.shape.name,
+            nodes=_tree_nodes(tree, acc, p, tokenizer), emitted=emitted, accepted_len=len(acc.path) - 1,
+            draft_ms=(t_draft - t_round) * 1e3, verify_ms=(t_verify - t_draft) * 1e3, round_ms=round_s * 1e3,
+            new_tokens_total=len(new_ids), elapsed_s=time.perf_counter() - start, rss_bytes=rss,
+            cuda_allocated_bytes=cuda_alloc, cuda_peak_bytes=cuda_peak, drafter_state_bytes=drafter.state_bytes(),
+            target_kv_bytes=verifier.kv_bytes, bandit=snapshot,
+        )
+        if stop_reason == "eos":
+            break
+
+    seconds = time.perf_counter() - start
+    yield Summary(
+        method=config.method, text=tokenizer.decode(new_ids, skip_special_tokens=True), token_ids=new_ids,
+        new_tokens=len(new_ids), rounds=rounds, prefill_ms=prefill_ms, seconds=seconds,
+        tokens_per_s=len(new_ids) / seconds if seconds > 0 else 0.0,
+        mean_accepted_len=len(new_ids) / rounds if rounds else 0.0,
+        acceptance_rate=accepted_total / tested_total if tested_total else None,
+        drafted_tokens=drafted_total, stop_reason=stop_reason,
+        extra={"drafter": drafter_label, "prompt_tokens": len(prompt_ids)},
+    )

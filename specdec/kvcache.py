@@ -1,0 +1,86 @@
+"""A causal LM with a KV cache that can hold a speculative tree (used by the target and the Transformer drafter).
+
+The cache is a committed prefix of `length` tokens followed by a *speculative region*: tokens fed since the
+last `commit`, each attached to a parent inside the region (or to the prefix, parent -1). A forward over new
+tokens uses a tree attention mask (each token sees the prefix, its ancestors and itself) and per-token
+position ids `length + depth`. `commit(keep)` keeps the listed region entries, which must form a chain
+from the prefix, and drops the rest.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from specdec.tree import ancestor_matrix
+
+
+def tree_attention_mask(prefix_len: int, anc: torch.Tensor, rows: slice, dtype: torch.dtype,
+                        device: torch.device) -> torch.Tensor:
+    """Additive mask [1, 1, n_rows, prefix_len + S] for the region rows `rows` (anc: [S, S] ancestors)."""
+    allowed = torch.cat([torch.ones(anc[rows].shape[0], prefix_len, dtype=torch.bool), anc[rows]], dim=1)
+    mask = torch.zeros(allowed.shape, dtype=dtype)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None].to(device)  # [1, 1, n_rows, prefix_len + S]
+
+
+class TreeLM:
+    """Wraps a Hugging Face causal LM; one sequence (batch 1) per instance."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+        self.length = 0  # committed tokens in the cache
+        self.parents: list[int] = []  # speculative region: parent of each entry (-1 = the prefix)
+        self.depths: list[int] = []  # 0 for entries attached to the prefix
+
+    @torch.inference_mode()
+    def extend(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
+        """Feed `tokens` into the speculative region; `parents` index the region (-1 = prefix). -> logits [n, V]."""
+        start = len(self.parents)
+        for i, parent in enumerate(parents):
+            if parent >= start + i:
+                raise ValueError("a token's parent must come before it")
+            self.parents.append(parent)
+            self.depths.append(0 if parent < 0 else self.depths[parent] + 1)
+        ids = torch.tensor([tokens], device=self.device)  # [1, n]
+        positions = torch.tensor([[self.length + d for d in self.depths[start:]]], device=self.device)  # [1, n]
+        is_chain_from_prefix = start == 0 and all(p == i - 1 for i, p in enumerate(parents))
+        mask = None
+        if not is_chain_from_prefix:  # a causal chain needs no custom mask
+            anc = ancestor_matrix(self.parents)  # [S, S]
+            mask = tree_attention_mask(self.length, anc, slice(start, None), self.dtype, self.device)
+        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self.cache,
+                         use_cache=True)
+        return out.logits[0]  # [n, V]
+
+    def commit(self, keep: list[int]) -> None:
+        """Keep region entries `keep` (a chain from the prefix, in order) and drop the rest of the region."""
+        for i, node in enumerate(keep):
+            expected_parent = keep[i - 1] if i else -1
+            if self.parents[node] != expected_parent:
+                raise ValueError(f"entries {keep} do not form a chain from the prefix")
+        region = len(self.parents)
+        if keep != list(range(len(keep))) or len(keep) != region:
+            index = torch.tensor(list(range(self.length)) + [self.length + k for k in keep], device=self.device)
+            for layer in self.cache.layers:
+                layer.keys = layer.keys.index_select(-2, index)
+                layer.values = layer.values.index_select(-2, index)
+        self.length += len(keep)
+        self.parents, self.depths = [], []
+
+    def feed(self, tokens: list[int]) -> torch.Tensor:
+        """Append a plain chain of tokens to the committed prefix. -> logits [n, V]."""
+        logits = self.extend(tokens, list(range(-1, len(tokens) - 1)))
+        self.commit(list(range(len(tokens))))
+        return logits
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.cache.layers
+                   if getattr(layer, "keys", None) is not None)

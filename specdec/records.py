@@ -1,0 +1,102 @@
+"""Plain records the engine yields: one `RoundRecord` per draft-verify round, then one `Summary`.
+
+These are the only things the UI, the CLI and the benchmark see of a generation. They hold Python
+scalars, strings and lists (no tensors), so they serialise with `dataclasses.asdict` + `json.dumps`.
+
+Glossary (PAPER.md): `q` drafter probability, `p` target probability, `γ` tree depth,
+`T = (N1, ..., Nγ)` tree shape, "bonus" the target token after an accepted leaf, "correction" the
+target token sampled from the residual after every child of a node was rejected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+NodeStatus = Literal["root", "accepted", "rejected", "not_reached"]
+TokenSource = Literal["draft", "correction", "bonus"]
+
+
+@dataclass
+class TreeNode:
+    """One node of a round's draft tree. Node 0 is the root: the last token already emitted."""
+
+    index: int
+    token_id: int
+    text: str
+    parent: int  # index of the parent node, -1 for the root
+    depth: int  # 0 for the root, 1..γ for drafted nodes
+    q: float  # drafter probability of this token at its parent (1.0 for the root)
+    p: float  # target probability of this token at its parent (1.0 for the root)
+    status: NodeStatus
+
+
+@dataclass
+class EmittedToken:
+    token_id: int
+    text: str  # the text this token adds to the output (incremental detokenisation)
+    source: TokenSource
+
+
+@dataclass
+class ArmStat:
+    name: str  # the tree shape, e.g. "(2,2,1)" or "chain 4"
+    pulls: int
+    mean_reward: float | None  # None until the arm is pulled
+    ucb: float | None  # None until every arm has been pulled once (unpulled arms are tried first)
+
+
+@dataclass
+class BanditSnapshot:
+    arms: list[ArmStat]
+    chosen: int  # index into `arms` of the arm used this round
+    reward_kind: str  # "paper" or "throughput"
+    last_reward: float | None = None  # reward credited to `chosen` after this round
+
+
+@dataclass
+class RoundRecord:
+    """Everything that happened in one round."""
+
+    index: int  # 0-based round number
+    shape: list[int]  # tree shape (N1, ..., Nγ) actually drafted; [] for a target-only step
+    shape_name: str
+    nodes: list[TreeNode]  # the draft tree, node 0 is the root
+    emitted: list[EmittedToken]  # accepted draft tokens, then one correction or bonus token
+    accepted_len: int  # number of drafted tokens accepted this round (emitted minus the target's token)
+    draft_ms: float
+    verify_ms: float
+    round_ms: float
+    new_tokens_total: int  # tokens emitted so far in this generation
+    elapsed_s: float  # seconds since generation started (after prefill)
+    rss_bytes: int  # resident memory of this process
+    cuda_allocated_bytes: int | None  # None on CPU
+    cuda_peak_bytes: int | None
+    drafter_state_bytes: int  # Mamba: state buffers; Transformer drafter: its KV cache; else 0
+    target_kv_bytes: int
+    bandit: BanditSnapshot | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Summary:
+    """Totals for one generation, yielded after the last round."""
+
+    method: str
+    text: str
+    token_ids: list[int]  # the new tokens only
+    new_tokens: int
+    rounds: int
+    prefill_ms: float
+    seconds: float  # wall time of the rounds (excludes prefill)
+    tokens_per_s: float
+    mean_accepted_len: float  # tokens emitted per round, the target's own token included
+    acceptance_rate: float | None  # accepted / tested draft positions (None when nothing was drafted)
+    drafted_tokens: int  # tree nodes drafted over the whole run
+    stop_reason: Literal["max_new_tokens", "eos", "stopped"]
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,121 @@
+"""Sampling and tree acceptance as pure tensor functions, in the paper's notation.
+
+Glossary:
+    V       vocabulary size (logits width of the target)
+    n       number of tree nodes, root included (node 0 is the last emitted token)
+    p       target distribution at a node, [n, V]: p[i] is the target's next-token distribution after node i
+    q       drafter distribution at a node, [n, V]: q[i] is what node i's children were drawn from
+    x       a drafted token; children of one node are i.i.d. draws x ~ q[parent]
+    u       uniform random numbers for the accept tests
+
+Multi-draft acceptance (PAPER.md, step 3): at an accepted node with children x_1..x_k (i.i.d. from q), try
+them in order; accept x_j with probability min(1, p(x_j) / q(x_j)); on rejection replace p by the residual
+norm(max(0, p - q)) and try the next child. If none is accepted the *correction* token is drawn from the
+residual; if a leaf is accepted the *bonus* token is drawn from p at the leaf. The emitted tokens are then
+distributed exactly as the target's own samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+
+
+def logits_to_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
+    """Next-token distribution after temperature and nucleus filtering, as `generate()` would sample it.
+
+    `temperature == 0` means greedy; the plain softmax is returned for reporting p and q.
+    """
+    scores = logits.float()  # [..., V]
+    shape = scores.shape
+    scores = scores.reshape(-1, shape[-1])
+    if temperature > 0:
+        scores = TemperatureLogitsWarper(temperature)(None, scores)
+        if top_p < 1.0:
+            scores = TopPLogitsWarper(top_p)(None, scores)
+    return torch.softmax(scores, dim=-1).reshape(shape)
+
+
+def sample(probs: torch.Tensor, num_samples: int, generator: torch.Generator | None) -> torch.Tensor:
+    """i.i.d. draws (with replacement) from each row of `probs`: [..., V] -> [..., num_samples]."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    draws = torch.multinomial(flat, num_samples, replacement=True, generator=generator)
+    return draws.reshape(*probs.shape[:-1], num_samples)
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p - q)): what is left of p after a rejected draft from q."""
+    r = (p - q).clamp_min(0.0)
+    total = r.sum(-1, keepdim=True)
+    # total == 0 only when p == q, where a rejection has probability 0; keep p then.
+    return torch.where(total > 0, r / total.clamp_min(1e-30), p)
+
+
+@dataclass
+class Acceptance:
+    """Result of walking one draft tree."""
+
+    path: list[int]  # accepted nodes from the root down, root (0) included
+    next_token: int  # the target's token after the last accepted node
+    is_bonus: bool  # True if the last accepted node is a leaf (bonus), False for a correction
+    rejected: list[int]  # nodes the target tested and rejected
+    tested_depths: int  # tree depths at which a drafted token was tested (for the acceptance rate)
+
+
+def children_of(parents: list[int]) -> list[list[int]]:
+    children: list[list[int]] = [[] for _ in parents]
+    for node, parent in enumerate(parents):
+        if parent >= 0:
+            children[parent].append(node)
+    return children
+
+
+def accept_greedy(tokens: list[int], parents: list[int], p_argmax: list[int]) -> Acceptance:
+    """Greedy: follow the child whose token equals the target's argmax; the argmax after the path is emitted."""
+    children = children_of(parents)
+    path, rejected, tested = [0], [], 0
+    while children[path[-1]]:
+        kids = children[path[-1]]
+        tested += 1
+        match = next((c for c in kids if tokens[c] == p_argmax[path[-1]]), None)
+        rejected.extend(c for c in kids if c != match)
+        if match is None:
+            return Acceptance(path, p_argmax[path[-1]], False, rejected, tested)
+        path.append(match)
+    return Acceptance(path, p_argmax[path[-1]], True, rejected, tested)
+
+
+def accept_node(p: torch.Tensor, q: torch.Tensor, xs: list[int], u: torch.Tensor) -> tuple[int | None, torch.Tensor]:
+    """Multi-draft rejection sampling at one node.
+
+    p: [V] target distribution, q: [V] drafter distribution, xs: the children's tokens (i.i.d. from q),
+    u: [len(xs)] uniforms. Returns (index into xs of the accepted child or None, distribution for the
+    correction token, i.e. the final residual).
+    """
+    for j, x in enumerate(xs):
+        if u[j] * q[x] < p[x]:  # u < min(1, p(x)/q(x)), without dividing by q(x)
+            return j, p
+        p = residual(p, q)
+    return None, p
+
+
+def accept_sampling(tokens: list[int], parents: list[int], p: torch.Tensor, q: torch.Tensor,
+                    generator: torch.Generator | None) -> Acceptance:
+    """Sampling: walk the tree from the root with `accept_node`; p, q: [n, V]."""
+    children = children_of(parents)
+    path, rejected, tested = [0], [], 0
+    while children[path[-1]]:
+        node, kids = path[-1], children[path[-1]]
+        tested += 1
+        u = torch.rand(len(kids), generator=generator, device=p.device)
+        j, p_res = accept_node(p[node], q[node], [tokens[c] for c in kids], u)
+        if j is None:
+            rejected.extend(kids)
+            correction = int(sample(p_res, 1, generator))
+            return Acceptance(path, correction, False, rejected, tested)
+        rejected.extend(kids[:j])
+        path.append(kids[j])
+    bonus = int(sample(p[path[-1]], 1, generator))
+    return Acceptance(path, bonus, True, rejected, tested)

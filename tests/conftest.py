@@ -1,0 +1,42 @@
+"""Shared fixtures: tiny random models with a small vocabulary (fast), and the real SmolLM2 target (once)."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # read by huggingface_hub at import: set before anything imports it
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)  # tiny models gain nothing from threads, and tests stay stable on a busy machine
+
+from specdec.models import LoadedModel, Models  # noqa: E402
+from tests.tiny import TinyTokenizer, tiny_llama, tiny_mamba  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_models() -> Models:
+    """Target: tiny Llama, V=6. Drafters: an unrelated tiny Mamba and an unrelated tiny Llama."""
+    tokenizer = TinyTokenizer(6)
+    target = LoadedModel("tiny-target", tiny_llama(6, seed=1), tokenizer, "tiny")
+    mamba = LoadedModel("tiny-mamba", tiny_mamba(6, seed=2), tokenizer, "tiny")
+    transformer = LoadedModel("tiny-tf", tiny_llama(6, seed=3), tokenizer, "tiny")
+    return Models.from_loaded(target, mamba, transformer)
+
+
+@pytest.fixture(scope="session")
+def self_draft_models(tiny_models) -> Models:
+    """The target drafts for itself: under greedy decoding every drafted chain node is accepted."""
+    target = tiny_models.target
+    return Models.from_loaded(target, tiny_models.drafter("mamba"), LoadedModel("self", target.model, target.tokenizer, "tiny"))
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Models:
+    models = Models(device="cpu", dtype="float32")
+    models.load()
+    return models
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    torch.manual_seed(0)

@@ -1,0 +1,36 @@
+import random
+
+from specdec.bandit import UCBBandit, paper_reward
+from specdec.tree import parse_arms
+
+
+def test_paper_reward():
+    assert paper_reward(4, 4, 0.1) == -(1 / 4 + 0.1 * 4 / 4)
+    assert paper_reward(1, 0, 0.1) == -1.0
+
+
+def test_tries_every_arm_first_then_converges_to_the_best():
+    arms = parse_arms("1; 2; 3; 4")
+    bandit = UCBBandit(arms, lambda_ucb=0.5)
+    rng = random.Random(0)
+    means = [0.3, 0.5, 0.8, 0.45]
+    first = []
+    for t in range(3000):
+        k = bandit.select()
+        if t < len(arms):
+            first.append(k)
+        bandit.update(k, means[k] + rng.gauss(0, 0.2))
+    assert first == [0, 1, 2, 3]
+    assert bandit.pulls[2] > 0.8 * sum(bandit.pulls)
+    snap = bandit.snapshot(bandit.select())
+    assert snap.chosen == 2 and [a.name for a in snap.arms] == ["chain 1", "chain 2", "chain 3", "chain 4"]
+    assert max(range(4), key=lambda k: snap.arms[k].mean_reward) == 2
+    assert all(a.ucb is not None and a.ucb > a.mean_reward for a in snap.arms)
+
+
+def test_throughput_reward_is_normalised():
+    bandit = UCBBandit(parse_arms("1; 2"), reward_kind="throughput")
+    bandit.update(0, bandit.reward(n_accept=3, depth=1, seconds=0.1))  # 30 tok/s
+    bandit.update(1, bandit.reward(n_accept=6, depth=2, seconds=0.1))  # 60 tok/s
+    assert bandit.means() == [0.5, 1.0]
+    assert bandit.select() in (0, 1) and bandit.snapshot(1).last_reward == 1.0

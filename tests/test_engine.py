@@ -1,0 +1,147 @@
+"""The engine's promise on tiny models: greedy output identical to the target alone, sampling exact in distribution."""
+
+import itertools
+import threading
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specdec.config import GenerationConfig
+from specdec.engine import generate
+from specdec.records import RoundRecord, Summary
+
+PROMPT = "abcab"  # tiny tokenizer: one token per character, V = 6
+
+
+def run(models, **kwargs) -> tuple[list[RoundRecord], Summary]:
+    events = list(generate(models, PROMPT, GenerationConfig(**kwargs), chat=False))
+    return events[:-1], events[-1]
+
+
+CASES = [("mamba-chain", "1"), ("mamba-chain", "5"), ("mamba-tree", "3,2,1"), ("mamba-tree", "2,2,2,1"),
+         ("mamba-ucb", None), ("tf-chain", "3"), ("tf-tree", "2,3"), ("tf-tree", "3,1,2"), ("lookup-chain", "4")]
+
+
+@pytest.mark.parametrize("method, tree", CASES)
+def test_greedy_is_identical_to_target_alone(tiny_models, method, tree):
+    _, ar = run(tiny_models, method="ar", max_new_tokens=40)
+    rounds, sd = run(tiny_models, method=method, tree=tree, max_new_tokens=40)
+    assert sd.token_ids == ar.token_ids
+    assert sd.new_tokens == 40 and sum(len(r.emitted) for r in rounds) == 40
+
+
+@pytest.mark.parametrize("method, tree", [("tf-chain", "4"), ("tf-tree", "2,2,1")])
+def test_self_drafting_accepts_every_greedy_chain(self_draft_models, method, tree):
+    _, ar = run(self_draft_models, method="ar", max_new_tokens=30)
+    rounds, sd = run(self_draft_models, method=method, tree=tree, max_new_tokens=30)
+    assert sd.token_ids == ar.token_ids
+    assert all(r.accepted_len == len(r.shape) for r in rounds[:-1])  # every depth accepted
+    assert sd.acceptance_rate == 1.0
+    assert all(r.emitted[-1].source == "bonus" for r in rounds[:-1])
+
+
+def test_round_records_describe_the_tree(tiny_models):
+    rounds, summary = run(tiny_models, method="mamba-tree", tree="2,2", max_new_tokens=12)
+    r = rounds[0]
+    assert r.shape == [2, 2] and len(r.nodes) == 1 + 2 + 4 and r.nodes[0].status == "root"
+    accepted = [n for n in r.nodes if n.status == "accepted"]
+    assert len(accepted) == r.accepted_len and len(r.emitted) == r.accepted_len + 1
+    assert [e.source for e in r.emitted[:-1]] == ["draft"] * r.accepted_len
+    assert r.emitted[-1].source in ("correction", "bonus")
+    assert all(0.0 <= n.q <= 1.0 and 0.0 <= n.p <= 1.0 for n in r.nodes)
+    assert r.drafter_state_bytes > 0 and r.target_kv_bytes > 0 and r.rss_bytes > 0
+    assert summary.rounds == len(rounds) and summary.drafted_tokens == 6 * len(rounds)
+
+
+def test_bandit_snapshot_every_round(tiny_models):
+    rounds, _ = run(tiny_models, method="mamba-ucb", arms="1; 2,1; 3", max_new_tokens=20)
+    assert [r.bandit.chosen for r in rounds[:3]] == [0, 1, 2]  # every arm once, in order
+    assert all(sum(a.pulls for a in r.bandit.arms) == r.index + 1 for r in rounds)
+    assert rounds[-1].bandit.arms[0].ucb is not None
+
+
+def test_stop_event_ends_generation(tiny_models):
+    stop = threading.Event()
+    events = []
+    for event in generate(tiny_models, PROMPT, GenerationConfig(method="ar", max_new_tokens=50), stop, chat=False):
+        events.append(event)
+        stop.set()
+    assert events[-1].stop_reason == "stopped" and events[-1].new_tokens == 1
+
+
+def test_empty_prompt_is_refused(tiny_models):
+    with pytest.raises(ValueError, match="empty"):
+        next(generate(tiny_models, "  ", GenerationConfig(method="ar"), chat=False))
+
+
+def test_overlong_prompt_is_refused(tiny_models):
+    with pytest.raises(ValueError, match="context"):
+        next(generate(tiny_models, "ab" * 200, GenerationConfig(method="ar"), chat=False))
+
+
+# --- sampling: exact in distribution ---------------------------------------------------------------------
+N_NEW, RUNS = 3, 1500
+
+
+def _target_distribution(models, temperature: float) -> dict[tuple, float]:
+    """P(x1, x2, x3 | prompt) by enumerating every continuation with full forwards of the target."""
+    model, V = models.target.model, 6
+    prompt = models.target.tokenizer(PROMPT)["input_ids"]
+    seqs = list(itertools.product(range(V), repeat=N_NEW))
+    ids = torch.tensor([prompt + list(s) for s in seqs])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits.float() / temperature, -1)  # [S, L, V]
+    L = len(prompt)
+    probs = torch.stack([logp[:, L - 1 + i].gather(-1, ids[:, L + i, None])[:, 0] for i in range(N_NEW)]).sum(0).exp()
+    return dict(zip(seqs, probs.tolist()))
+
+
+def _chi_square(counts: dict, dist: dict, runs: int) -> float:
+    cells = sorted(dist, key=dist.get, reverse=True)
+    observed, expected, rest_o, rest_e = [], [], 0, 0.0
+    for cell in cells:  # pool the rare cells so every expected count is >= 5
+        if dist[cell] * runs >= 5:
+            observed.append(counts.get(cell, 0))
+            expected.append(dist[cell] * runs)
+        else:
+            rest_o += counts.get(cell, 0)
+            rest_e += dist[cell] * runs
+    observed.append(rest_o)
+    expected.append(rest_e)
+    total = sum(expected)
+    return chisquare(observed, [e * runs / total for e in expected]).pvalue
+
+
+@pytest.mark.parametrize("method, tree", [("mamba-chain", "3"), ("mamba-tree", "3,2"), ("tf-tree", "2,2,1")])
+def test_sampling_matches_the_target_distribution(tiny_models, method, tree):
+    temperature = 1.0
+    dist = _target_distribution(tiny_models, temperature)
+    counts: dict[tuple, int] = {}
+    accepted = 0
+    for seed in range(RUNS):
+        rounds, summary = run(tiny_models, method=method, tree=tree, temperature=temperature, seed=seed,
+                              max_new_tokens=N_NEW)
+        key = tuple(summary.token_ids)
+        counts[key] = counts.get(key, 0) + 1
+        accepted += sum(r.accepted_len for r in rounds)
+    assert accepted > RUNS * 0.3  # the drafter's tokens really were accepted, not only corrections
+    assert _chi_square(counts, dist, RUNS) > 1e-3
+
+
+def test_the_chi_square_check_can_fail(tiny_models):
+    """Negative control: the drafter's own samples are detected as a different distribution."""
+    dist = _target_distribution(tiny_models, 1.0)
+    model = tiny_models.drafter("mamba").model
+    prompt = tiny_models.target.tokenizer(PROMPT)["input_ids"]
+    g = torch.Generator().manual_seed(0)
+    counts: dict[tuple, int] = {}
+    for _ in range(RUNS):
+        seq = list(prompt)
+        for _ in range(N_NEW):
+            with torch.no_grad():
+                probs = torch.softmax(model(input_ids=torch.tensor([seq])).logits[0, -1].float(), -1)
+            seq.append(int(torch.multinomial(probs, 1, generator=g)))
+        key = tuple(seq[-N_NEW:])
+        counts[key] = counts.get(key, 0) + 1
+    assert _chi_square(counts, dist, RUNS) < 1e-6

@@ -1,0 +1,56 @@
+"""Tree attention: one pass over a tree gives the logits of running each branch on its own."""
+
+import pytest
+import torch
+
+from specdec.kvcache import TreeLM
+from specdec.tree import TreeShape
+from tests.tiny import tiny_llama
+
+
+def _branch(parents: list[int], node: int) -> list[int]:
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_tree_logits_match_each_branch(attn):
+    model = tiny_llama(11, seed=5, attn=attn)
+    prefix = [1, 4, 2, 7, 3]
+    shape = TreeShape((2, 2, 1))
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 11, (len(shape.parents),), generator=g).tolist()
+    lm = TreeLM(model)
+    lm.feed(prefix)
+    logits = lm.extend(tokens, shape.parents)  # [n, V]
+    for node in range(len(tokens)):
+        seq = prefix + [tokens[i] for i in _branch(shape.parents, node)]
+        expected = model(input_ids=torch.tensor([seq])).logits[0, -1]
+        torch.testing.assert_close(logits[node], expected, atol=1e-4, rtol=1e-4)
+
+
+def test_commit_keeps_only_the_accepted_path():
+    model = tiny_llama(11, seed=6)
+    prefix = [1, 4, 2]
+    shape = TreeShape((3, 2))
+    tokens = [5, 0, 1, 2, 3, 4, 6, 7, 8, 9]
+    lm = TreeLM(model)
+    lm.feed(prefix)
+    lm.extend(tokens[: len(shape.parents)], shape.parents)
+    path = [0, 2, 6]  # root, its second child, that child's second child
+    lm.commit(path)
+    assert lm.length == len(prefix) + 3 and lm.cache.get_seq_length() == lm.length
+    next_logits = lm.feed([9])[-1]
+    seq = prefix + [tokens[i] for i in path] + [9]
+    torch.testing.assert_close(next_logits, model(input_ids=torch.tensor([seq])).logits[0, -1], atol=1e-4, rtol=1e-4)
+
+
+def test_commit_refuses_a_non_chain():
+    lm = TreeLM(tiny_llama(11, seed=6))
+    lm.feed([1, 2])
+    lm.extend([3, 4, 5], [-1, 0, 0])
+    with pytest.raises(ValueError):
+        lm.commit([0, 2, 1])

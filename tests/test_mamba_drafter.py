@@ -1,0 +1,95 @@
+"""Batch-cache tree drafting: copying Mamba states per child equals running each branch from scratch."""
+
+import pytest
+import torch
+
+from specdec.drafters import MambaDrafter, Sampler
+from specdec.drafters.mamba import MambaState, kernels_available, mixer_step_kernel, mixer_step_ref
+from specdec.tree import TreeShape
+from tests.tiny import tiny_mamba
+
+V = 13
+
+
+def _scratch_logits(model, seq: list[int]) -> torch.Tensor:
+    return model(input_ids=torch.tensor([seq])).logits[0, -1]  # full-sequence path from a zero state
+
+
+def _branch(parents, node):
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
+
+
+def test_step_matches_full_sequence_forward():
+    model = tiny_mamba(V, seed=3)
+    drafter = MambaDrafter(model, V)
+    context = [1, 5, 2, 8, 3, 3, 9]
+    state, logits = drafter.prefill(context[:3])
+    torch.testing.assert_close(logits, _scratch_logits(model, context[:3]), atol=1e-4, rtol=1e-4)
+    for i in range(3, len(context)):
+        logits = drafter.step(torch.tensor([context[i]]), state)[0]
+        torch.testing.assert_close(logits, _scratch_logits(model, context[: i + 1]), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("widths", [(3, 2, 1), (2, 2, 2), (1, 1, 1, 1)])
+def test_tree_states_equal_running_each_branch(widths):
+    model = tiny_mamba(V, seed=4)
+    drafter = MambaDrafter(model, V)
+    context = [2, 7, 1, 1, 4]
+    shape = TreeShape(widths)
+    drafter.start(context, shape.num_drafted)
+    tree = drafter.draft(shape, Sampler(1.0, 1.0, torch.Generator().manual_seed(0)))
+    assert tree.parents == shape.parents
+    for node in range(len(tree.tokens)):
+        seq = context + [tree.tokens[i] for i in _branch(tree.parents, node)[1:]]
+        expected = torch.softmax(_scratch_logits(model, seq), -1)
+        if node < len(tree.tokens) - shape.level_sizes[-1]:  # inner nodes: q is what their children came from
+            torch.testing.assert_close(tree.q[node], expected, atol=1e-5, rtol=1e-4)
+        # every node's state row, stepped once more, continues its own branch
+        state = drafter.buffers.select(torch.tensor([node]))
+        nxt = drafter.step(torch.tensor([0]), state)[0]
+        torch.testing.assert_close(nxt, _scratch_logits(model, seq + [0]), atol=1e-4, rtol=1e-4)
+
+
+def test_commit_is_a_row_selection_plus_one_step():
+    model = tiny_mamba(V, seed=5)
+    drafter = MambaDrafter(model, V)
+    context = [3, 3, 6]
+    shape = TreeShape((2, 2))
+    drafter.start(context, shape.num_drafted)
+    buffers = drafter.buffers
+    tree = drafter.draft(shape, Sampler(0.0, 1.0, None))
+    drafter.commit([0, 2, 5], next_token=11)
+    assert drafter.buffers is buffers  # allocated once per generation
+    seq = context + [tree.tokens[2], tree.tokens[5], 11]
+    torch.testing.assert_close(drafter.root_logits, _scratch_logits(model, seq), atol=1e-4, rtol=1e-4)
+
+
+def test_reduced_draft_head_puts_no_mass_outside_it():
+    model = tiny_mamba(V, seed=6)
+    head = torch.tensor([0, 2, 3, 7, 12])
+    drafter = MambaDrafter(model, V, head_ids=head)
+    drafter.start([1, 2, 3], 6)
+    tree = drafter.draft(TreeShape((2, 2)), Sampler(1.0, 1.0, torch.Generator().manual_seed(0)))
+    assert set(tree.tokens[1:]) <= set(head.tolist())
+    outside = torch.ones(V, dtype=torch.bool)
+    outside[head] = False
+    assert tree.q[0][outside].sum() == 0 and torch.isclose(tree.q[0].sum(), torch.tensor(1.0))
+
+
+@pytest.mark.skipif(not kernels_available(torch.device("cuda")) if torch.cuda.is_available() else True,
+                    reason="needs CUDA with mamba_ssm and causal_conv1d")
+def test_cuda_kernels_agree_with_reference():
+    model = tiny_mamba(V, seed=7).cuda()
+    mixer = model.backbone.layers[0].mixer
+    x = torch.randn(4, model.config.hidden_size, device="cuda")
+    state_a = MambaState(torch.randn(1, 4, mixer.intermediate_size, 4, device="cuda"),
+                         torch.randn(1, 4, mixer.intermediate_size, 8, device="cuda"))
+    state_b = MambaState(state_a.conv.clone(), state_a.ssm.clone())
+    y_ref = mixer_step_ref(mixer, x, state_a.conv[0], state_a.ssm[0])
+    y_ker = mixer_step_kernel(mixer, x, state_b.conv[0], state_b.ssm[0])
+    torch.testing.assert_close(y_ker, y_ref, atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(state_b.ssm, state_a.ssm, atol=1e-3, rtol=1e-3)

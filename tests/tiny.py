@@ -1,0 +1,41 @@
+"""Tiny models and a character tokenizer for fast tests."""
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, MambaConfig, MambaForCausalLM
+
+
+class TinyTokenizer:
+    """One character per token id: enough of the tokenizer interface for the engine."""
+
+    chat_template = None
+
+    def __init__(self, vocab_size: int) -> None:
+        self.alphabet = "abcdefghijklmnopqrstuvwxyz"[:vocab_size]
+
+    def __call__(self, text: str) -> dict:
+        return {"input_ids": [self.alphabet.index(c) % len(self.alphabet) if c in self.alphabet else 0 for c in text]}
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return "".join(self.alphabet[i] for i in ids)
+
+    def get_vocab(self) -> dict:
+        return {c: i for i, c in enumerate(self.alphabet)}
+
+
+def tiny_llama(vocab_size: int, seed: int, attn: str = "sdpa") -> LlamaForCausalLM:
+    """Large init range so the next-token distributions are far from uniform (and from other seeds')."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         initializer_range=0.3, tie_word_embeddings=False, attn_implementation=attn,
+                         bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def tiny_mamba(vocab_size: int, seed: int) -> MambaForCausalLM:
+    torch.manual_seed(seed)
+    config = MambaConfig(vocab_size=vocab_size, hidden_size=32, state_size=8, num_hidden_layers=2, expand=2,
+                         conv_kernel=4, initializer_range=0.3, use_mambapy=True, tie_word_embeddings=True)
+    return MambaForCausalLM(config).eval()
