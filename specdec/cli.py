@@ -67,10 +67,67 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    b = sub.add_parser("bench", help="compare methods on a prompt set; prints a markdown table")
+    b.add_argument("--prompts", nargs="*", default=None, help="JSONL files (default: assets/prompts/*.jsonl)")
+    b.add_argument("--methods", default="ar,mamba-ucb,mamba-chain,mamba-tree,tf-tree,lookup-chain,hf-ar,hf-assisted,hf-lookup",
+                   help="comma-separated; a fixed shape as name:tree, e.g. mamba-tree:3;2;1 (';' inside the tree)")
+    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--temperature", type=float, default=0.0)
+    b.add_argument("--repeats", type=int, default=1)
+    b.add_argument("--limit", type=int, default=None, help="use the first N prompts, alternating kinds")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for hf-lookup")
+    b.add_argument("--context-lengths", default=None, help="e.g. 256,1024,4096: drafter latency/memory study")
+    b.add_argument("--out", default="results.json")
+    b.add_argument("--csv", default=None)
+    b.add_argument("--plot", default="context.html", help="where the context-length plot is written")
+    b.add_argument("--target", default=DEFAULT_TARGET)
+    b.add_argument("--mamba-drafter", default=DEFAULT_MAMBA)
+    b.add_argument("--tf-drafter", default=DEFAULT_TF)
+    b.add_argument("--device", default="auto")
+    b.add_argument("--dtype", default="auto")
+    b.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from specdec import bench
+
+    models = Models(target=args.target, mamba_drafter=args.mamba_drafter, tf_drafter=args.tf_drafter,
+                    device=args.device, dtype=args.dtype)
+    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    result: dict = {}
+    if args.context_lengths:
+        lengths = [int(x) for x in args.context_lengths.split(",")]
+        study = bench.context_study(models, lengths, log=log)
+        bench.save_context_plot(study, args.plot)
+        result["context_study"] = study
+        print(bench.context_table(study) + "\n")
+    if args.methods:
+        methods = _rejoin_trees(args.methods)
+        if args.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be at least 1")
+        prompts = bench.load_prompts(args.prompts, args.limit)
+        result.update(bench.benchmark(models, prompts, methods, args.max_new_tokens, args.temperature, args.repeats,
+                                      args.seed, args.lookup_tokens, log=log))
+        print(bench.markdown_table(result))
+        if args.csv:
+            bench.write_csv(result, args.csv)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=2)
+    return 0
+
+
+def _rejoin_trees(text: str) -> list[str]:
+    """Split 'ar,mamba-tree:3;2;1,lookup-chain' on commas; ';' separates widths inside a tree."""
+    return [m.strip().replace(";", ",") for m in text.split(",") if m.strip()]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specdec", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
+    _add_bench(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     try:

@@ -189,6 +189,7 @@ def generate(models: Models, prompt: str, config: GenerationConfig,
         tokens_per_s=len(new_ids) / seconds if seconds > 0 else 0.0,
         mean_accepted_len=len(new_ids) / rounds if rounds else 0.0,
         acceptance_rate=accepted_total / tested_total if tested_total else None,
-        drafted_tokens=drafted_total, stop_reason=stop_reason,
+        drafted_tokens=drafted_total, stop_reason=stop_reason, accepted_tokens=accepted_total,
+        tested_positions=tested_total,
         extra={"drafter": drafter_label, "prompt_tokens": len(prompt_ids)},
     )

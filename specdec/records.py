@@ -96,6 +96,8 @@ class Summary:
     acceptance_rate: float | None  # accepted / tested draft positions (None when nothing was drafted)
     drafted_tokens: int  # tree nodes drafted over the whole run
     stop_reason: Literal["max_new_tokens", "eos", "stopped"]
+    accepted_tokens: int = 0  # drafted tokens accepted over the run
+    tested_positions: int = 0  # tree depths at which the target tested a drafted token
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:

@@ -8,6 +8,7 @@ class TinyTokenizer:
     """One character per token id: enough of the tokenizer interface for the engine."""
 
     chat_template = None
+    eos_token_id = None
 
     def __init__(self, vocab_size: int) -> None:
         self.alphabet = "abcdefghijklmnopqrstuvwxyz"[:vocab_size]

@@ -1,0 +1,322 @@
+"""Benchmark: the engine's methods side by side with transformers' own decoding, on the same machine in one run.
+
+Methods are interleaved prompt by prompt after a warm-up, so a drifting machine hits all of them alike.
+A method is a name from `specdec.config.METHODS` (optionally `name:tree`, e.g. `mamba-tree:3,2,1`) or a peer:
+    hf-ar        `model.generate` greedy/sampling with the KV cache
+    hf-assisted  `generate(assistant_model=<the Transformer drafter>)`
+    hf-lookup    `generate(prompt_lookup_num_tokens=10)`
+Throughput is new tokens / wall seconds of the whole call (prefill included), median over prompts.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import platform
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import psutil
+import torch
+
+from specdec.config import METHODS, GenerationConfig
+from specdec.engine import encode_prompt, generate
+from specdec.models import Models
+from specdec.records import RoundRecord, Summary
+
+HF_METHODS = ("hf-ar", "hf-assisted", "hf-lookup")
+PROMPT_DIR = Path(__file__).resolve().parent.parent / "assets" / "prompts"
+
+
+def load_prompts(paths: list[str] | None, limit: int | None = None) -> list[dict]:
+    files = [Path(p) for p in paths] if paths else sorted(PROMPT_DIR.glob("*.jsonl"))
+    prompts = []
+    for file in files:
+        for n, line in enumerate(file.read_text().splitlines()):
+            if line.strip():
+                item = json.loads(line)
+                if "prompt" not in item:
+                    raise ValueError(f"{file}:{n + 1}: every line needs a 'prompt'")
+                item.setdefault("id", f"{file.stem}-{n + 1}")
+                item.setdefault("kind", file.stem)
+                prompts.append(item)
+    if not prompts:
+        raise ValueError("no prompts found")
+    if limit:  # keep every kind represented: take round-robin across kinds
+        kinds = {}
+        for item in prompts:
+            kinds.setdefault(item["kind"], []).append(item)
+        interleaved = [x for group in zip(*kinds.values()) for x in group]
+        prompts = interleaved[:limit]
+    return prompts
+
+
+def parse_method(name: str) -> tuple[str, str | None]:
+    base, _, tree = name.partition(":")
+    if base not in METHODS and base not in HF_METHODS:
+        raise ValueError(f"unknown method {base!r}; choose from {', '.join([*METHODS, *HF_METHODS])}")
+    return base, tree or None
+
+
+class PeakRSS:
+    """Samples this process's resident memory in a thread while a block runs."""
+
+    def __init__(self, interval_s: float = 0.01) -> None:
+        self.interval_s, self.peak = interval_s, 0
+        self._stop = threading.Event()
+
+    def __enter__(self) -> PeakRSS:
+        self.peak = psutil.Process().memory_info().rss
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def _poll(self) -> None:
+        process = psutil.Process()
+        while not self._stop.wait(self.interval_s):
+            self.peak = max(self.peak, process.memory_info().rss)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, psutil.Process().memory_info().rss)
+
+
+@dataclass
+class Run:
+    prompt_id: str
+    kind: str
+    tokens: list[int]
+    seconds: float
+    peak_rss: int
+    rounds: int = 0
+    accepted: int = 0
+    tested: int = 0
+    draft_ms: list[float] = field(default_factory=list)
+    verify_ms: list[float] = field(default_factory=list)
+
+
+def run_engine(models: Models, prompt: str, config: GenerationConfig) -> Run:
+    with PeakRSS() as rss:
+        t0 = time.perf_counter()
+        events = list(generate(models, prompt, config))
+        seconds = time.perf_counter() - t0
+    rounds: list[RoundRecord] = events[:-1]
+    summary: Summary = events[-1]
+    return Run("", "", summary.token_ids, seconds, rss.peak, summary.rounds, summary.accepted_tokens,
+               summary.tested_positions,
+               [r.draft_ms for r in rounds], [r.verify_ms for r in rounds])
+
+
+@torch.inference_mode()
+def run_hf(models: Models, prompt: str, method: str, config: GenerationConfig, lookup_tokens: int) -> Run:
+    target = models.target
+    ids = torch.tensor([encode_prompt(target.tokenizer, prompt)], device=target.device)
+    kwargs = {"max_new_tokens": config.max_new_tokens, "do_sample": not config.greedy,
+              "attention_mask": torch.ones_like(ids), "pad_token_id": target.tokenizer.eos_token_id}
+    if not config.greedy:
+        kwargs.update(temperature=config.temperature, top_p=config.top_p, top_k=0)
+        torch.manual_seed(config.seed)
+    if method == "hf-assisted":
+        kwargs["assistant_model"] = models.drafter("transformer").model
+    elif method == "hf-lookup":
+        kwargs["prompt_lookup_num_tokens"] = lookup_tokens
+    with PeakRSS() as rss:
+        t0 = time.perf_counter()
+        out = target.model.generate(ids, **kwargs)
+        seconds = time.perf_counter() - t0
+    return Run("", "", out[0, ids.shape[1]:].tolist(), seconds, rss.peak)
+
+
+def _aggregate(runs: list[Run], ar_runs: list[Run] | None, greedy: bool, engine: bool) -> dict:
+    per_prompt: dict[str, list[float]] = {}
+    for r in runs:
+        per_prompt.setdefault(r.prompt_id, []).append(len(r.tokens) / r.seconds)
+    tps = statistics.median(statistics.mean(v) for v in per_prompt.values())
+    rounds = sum(r.rounds for r in runs)
+    tested = sum(r.tested for r in runs)
+    draft = [x for r in runs for x in r.draft_ms]
+    verify = [x for r in runs for x in r.verify_ms]
+    identical = None
+    if greedy and ar_runs is not None:
+        reference = {r.prompt_id: r.tokens for r in ar_runs}
+        identical = all(r.tokens == reference[r.prompt_id] for r in runs)
+    return {
+        "tokens_per_s": tps,
+        "mean_accepted_len": sum(len(r.tokens) for r in runs) / rounds if engine and rounds else None,
+        "acceptance_rate": sum(r.accepted for r in runs) / tested if engine and tested else None,
+        "draft_ms_per_round": statistics.mean(draft) if draft else None,
+        "verify_ms_per_round": statistics.mean(verify) if verify else None,
+        "peak_rss_mb": max(r.peak_rss for r in runs) / 2**20,
+        "identical_to_ar": identical,
+        "new_tokens": sum(len(r.tokens) for r in runs),
+        "per_prompt_tokens_per_s": {k: statistics.mean(v) for k, v in per_prompt.items()},
+    }
+
+
+def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_tokens: int, temperature: float = 0.0,
+              repeats: int = 1, seed: int = 0, lookup_tokens: int = 10, log=print) -> dict:
+    parsed = [parse_method(m) for m in methods]
+    if "ar" not in [base for base, _ in parsed]:
+        methods, parsed = ["ar", *methods], [("ar", None), *parsed]
+    greedy = temperature == 0.0
+
+    def once(base: str, tree: str | None, prompt: str, n_new: int, run_seed: int) -> Run:
+        config = GenerationConfig(method=base if base in METHODS else "ar", tree=tree, temperature=temperature,
+                                  max_new_tokens=n_new, seed=run_seed).validate()
+        if base in HF_METHODS:
+            return run_hf(models, prompt, base, config, lookup_tokens)
+        return run_engine(models, prompt, config)
+
+    log(f"warm-up: {len(methods)} methods")
+    for (base, tree) in parsed:  # loads every model and warms every code path
+        once(base, tree, prompts[0]["prompt"], 8, seed)
+    runs: dict[str, list[Run]] = {m: [] for m in methods}
+    for rep in range(repeats):
+        for i, item in enumerate(prompts):
+            for name, (base, tree) in zip(methods, parsed):  # interleaved: every method on this prompt
+                run = once(base, tree, item["prompt"], max_new_tokens, seed + rep)
+                run.prompt_id, run.kind = item["id"], item.get("kind", "")
+                runs[name].append(run)
+            log(f"repeat {rep + 1}/{repeats} prompt {i + 1}/{len(prompts)} {item['id']}: " + ", ".join(
+                f"{m} {len(runs[m][-1].tokens) / runs[m][-1].seconds:.1f}" for m in methods) + " tok/s")
+    results = {name: _aggregate(runs[name], runs["ar"], greedy, base not in HF_METHODS)
+               for name, (base, _) in zip(methods, parsed)}
+    ar_tps = results["ar"]["tokens_per_s"]
+    for res in results.values():
+        res["speedup_vs_ar"] = res["tokens_per_s"] / ar_tps
+    return {"config": {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine_description(),
+        "target": models.specs["target"], "mamba_drafter": models.specs["mamba"],
+        "tf_drafter": models.specs["transformer"], "device": str(models.device),
+        "dtype": str(models.dtype).removeprefix("torch."), "max_new_tokens": max_new_tokens,
+        "temperature": temperature, "repeats": repeats, "prompts": len(prompts), "lookup_tokens": lookup_tokens,
+        "torch_threads": torch.get_num_threads()}, "methods": results}
+
+
+def machine_description() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    return f"{cpu}, {psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB{gpu}"
+
+
+def _fmt(value, spec: str) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    return format(value, spec)
+
+
+def markdown_table(result: dict) -> str:
+    rows = ["| method | tok/s | speed-up vs ar | mean accepted len | acceptance | draft ms/round | "
+            "verify ms/round | peak RSS MB | identical to ar |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for name, r in result["methods"].items():
+        rows.append(f"| {name} | {_fmt(r['tokens_per_s'], '.1f')} | {_fmt(r['speedup_vs_ar'], '.2f')}x | "
+                    f"{_fmt(r['mean_accepted_len'], '.2f')} | {_fmt(r['acceptance_rate'], '.2f')} | "
+                    f"{_fmt(r['draft_ms_per_round'], '.1f')} | {_fmt(r['verify_ms_per_round'], '.1f')} | "
+                    f"{_fmt(r['peak_rss_mb'], '.0f')} | {_fmt(r['identical_to_ar'], '')} |")
+    c = result["config"]
+    rows.append(f"\n{c['date']}, {c['machine']}; target {c['target']} ({c['dtype']}, {c['device']}), "
+                f"drafters {c['mamba_drafter']} / {c['tf_drafter']}; {c['prompts']} prompts x {c['repeats']}, "
+                f"{c['max_new_tokens']} new tokens, temperature {c['temperature']}.")
+    return "\n".join(rows)
+
+
+def write_csv(result: dict, path: str) -> None:
+    keys = ["tokens_per_s", "speedup_vs_ar", "mean_accepted_len", "acceptance_rate", "draft_ms_per_round",
+            "verify_ms_per_round", "peak_rss_mb", "identical_to_ar", "new_tokens"]
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["method", *keys])
+        for name, r in result["methods"].items():
+            writer.writerow([name, *[r[k] for k in keys]])
+
+
+# --- context-length study ----------------------------------------------------------------------------------
+@torch.inference_mode()
+def context_study(models: Models, lengths: list[int], steps: int = 32, log=print) -> dict:
+    """Per context length: drafter step latency (batch 1) and drafter memory, for the Mamba and Transformer drafters.
+
+    Mamba's memory is its state (conv window + SSM state per layer), the same at any length; the Transformer's is
+    its KV cache, which grows with the context, and so does the attention part of each step.
+    """
+    from specdec.drafters import MambaDrafter
+    from specdec.drafters.mamba import MambaState
+    from specdec.kvcache import TreeLM
+
+    target = models.target
+    text_ids = [t for item in load_prompts(None) for t in encode_prompt(target.tokenizer, item["prompt"], chat=False)]
+    mamba = models.drafter("mamba")
+    mamba_drafter = MambaDrafter.from_folder(mamba.model, target.vocab_size, mamba.source)
+    tf_lm = TreeLM(models.drafter("transformer").model)
+    rows = []
+    for length in lengths:
+        context = (text_ids * (length // len(text_ids) + 1))[:length]
+        state, _ = mamba_drafter.prefill(context)
+        token = torch.tensor([context[-1]], device=models.device)
+        mamba_ms = _median_ms(lambda: mamba_drafter.step(token, state), steps, models.device)
+        tf_lm.reset()
+        tf_lm.feed(context[:-1])
+        tf_ms = _median_ms(lambda: _tf_step(tf_lm, context[-1]), steps, models.device)
+        row = {"context": length, "mamba_step_ms": mamba_ms, "mamba_state_bytes": MambaState(state.conv, state.ssm).nbytes,
+               "tf_step_ms": tf_ms, "tf_kv_bytes": tf_lm.kv_bytes}
+        log(f"context {length}: mamba {mamba_ms:.2f} ms / {row['mamba_state_bytes'] / 2**20:.2f} MiB, "
+            f"transformer {tf_ms:.2f} ms / {row['tf_kv_bytes'] / 2**20:.2f} MiB")
+        rows.append(row)
+    return {"mamba_drafter": mamba.name, "tf_drafter": models.specs["transformer"], "rows": rows}
+
+
+def _tf_step(lm, token: int) -> None:
+    lm.extend([token], [-1])  # one decode step over the cached context, then drop it again
+    lm.commit([])
+
+
+def _median_ms(fn, steps: int, device: torch.device) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def context_table(study: dict) -> str:
+    rows = ["| context tokens | Mamba step ms | Mamba state MiB | Transformer step ms | Transformer KV MiB |",
+            "|---|---|---|---|---|"]
+    for r in study["rows"]:
+        rows.append(f"| {r['context']} | {r['mamba_step_ms']:.2f} | {r['mamba_state_bytes'] / 2**20:.3f} | "
+                    f"{r['tf_step_ms']:.2f} | {r['tf_kv_bytes'] / 2**20:.2f} |")
+    return "\n".join(rows)
+
+
+def save_context_plot(study: dict, path: str) -> None:
+    """Latency and memory against context length, as a standalone plotly HTML page."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    x = [r["context"] for r in study["rows"]]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("drafter step latency (batch 1)", "drafter memory"))
+    fig.add_trace(go.Scatter(x=x, y=[r["mamba_step_ms"] for r in study["rows"]], name="Mamba step ms"), 1, 1)
+    fig.add_trace(go.Scatter(x=x, y=[r["tf_step_ms"] for r in study["rows"]], name="Transformer step ms"), 1, 1)
+    fig.add_trace(go.Scatter(x=x, y=[r["mamba_state_bytes"] / 2**20 for r in study["rows"]], name="Mamba state MiB"), 1, 2)
+    fig.add_trace(go.Scatter(x=x, y=[r["tf_kv_bytes"] / 2**20 for r in study["rows"]], name="Transformer KV MiB"), 1, 2)
+    fig.update_xaxes(title_text="context tokens", type="log")
+    fig.update_yaxes(title_text="ms", row=1, col=1)
+    fig.update_yaxes(title_text="MiB", row=1, col=2)
+    fig.write_html(path, include_plotlyjs=True)  # self-contained: opens offline

@@ -1,0 +1,62 @@
+"""The benchmark on tiny models: interleaved runs, the JSON fields, the table, the context-length study."""
+
+import json
+
+import pytest
+
+from specdec import bench
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(json.dumps({"id": f"p{i}", "kind": k, "prompt": t}) for i, (k, t) in
+                              enumerate([("code", "abcabcab"), ("chat", "badcab"), ("math", "cabbage")])))
+    return bench.load_prompts([str(path)])
+
+
+def test_shipped_prompt_sets():
+    items = bench.load_prompts(None)
+    assert len(items) >= 40
+    assert {i["kind"] for i in items} >= {"code", "math", "chat", "summary"}
+    assert len({i["id"] for i in items}) == len(items)
+    assert [i["kind"] for i in bench.load_prompts(None, limit=4)] == ["chat", "code", "math", "summary"]
+
+
+def test_benchmark_compares_methods(tiny_models, prompts):
+    methods = ["ar", "mamba-tree:2,2", "mamba-ucb", "tf-chain", "lookup-chain", "hf-ar", "hf-lookup", "hf-assisted"]
+    result = bench.benchmark(tiny_models, prompts, methods, max_new_tokens=12, log=lambda _: None)
+    rows = result["methods"]
+    assert list(rows) == methods
+    for name, row in rows.items():
+        for key in ("tokens_per_s", "speedup_vs_ar", "mean_accepted_len", "acceptance_rate", "draft_ms_per_round",
+                    "verify_ms_per_round", "peak_rss_mb", "identical_to_ar"):
+            assert key in row
+        assert row["tokens_per_s"] > 0 and row["peak_rss_mb"] > 0
+    assert rows["ar"]["speedup_vs_ar"] == 1.0
+    for name in methods[:5]:  # the engine's methods are exact
+        assert rows[name]["identical_to_ar"] is True
+        assert rows[name]["mean_accepted_len"] >= 1.0
+    assert rows["hf-ar"]["mean_accepted_len"] is None  # not measured for transformers' own loops
+    table = bench.markdown_table(result)
+    assert table.count("\n| ") == len(methods) and "| mamba-tree:2,2 |" in table
+
+
+def test_sampling_benchmark_has_no_identity(tiny_models, prompts):
+    result = bench.benchmark(tiny_models, prompts[:1], ["ar", "mamba-chain"], max_new_tokens=6, temperature=0.8,
+                             log=lambda _: None)
+    assert result["methods"]["mamba-chain"]["identical_to_ar"] is None
+
+
+def test_unknown_method_is_refused():
+    with pytest.raises(ValueError, match="unknown method"):
+        bench.parse_method("fast-please")
+
+
+def test_context_study(tiny_models, tmp_path):
+    study = bench.context_study(tiny_models, [32, 128], steps=3, log=lambda _: None)
+    small, large = study["rows"]
+    assert small["mamba_state_bytes"] == large["mamba_state_bytes"]  # a fixed-size state
+    assert large["tf_kv_bytes"] / 127 == small["tf_kv_bytes"] / 31  # a KV cache grows with the context
+    bench.save_context_plot(study, str(tmp_path / "c.html"))
+    assert "Mamba step ms" in (tmp_path / "c.html").read_text()
