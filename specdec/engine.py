@@ -105,15 +105,18 @@ def generate(models: Models, prompt: str, config: GenerationConfig,
     prompt_ids = encode_prompt(tokenizer, prompt, chat)
     shapes = config.shapes()
     max_depth = max(s.depth for s in shapes)
-    limit = getattr(target.model.config, "max_position_embeddings", None)
+    kind = config.spec.drafter
+    limits = [getattr(target.model.config, "max_position_embeddings", None)]
+    if kind == "transformer":  # a Mamba drafter has no context limit
+        limits.append(getattr(models.drafter(kind).model.config, "max_position_embeddings", None))
+    limit = min((x for x in limits if x), default=None)
     if limit and len(prompt_ids) + config.max_new_tokens + max_depth + 1 > limit:
         raise ValueError(f"the prompt has {len(prompt_ids)} tokens; with max_new_tokens={config.max_new_tokens} "
-                         f"it exceeds the target's context of {limit} tokens")
+                         f"it exceeds the context of {limit} tokens")
     eos = target.model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
 
-    drafter = make_drafter(models, config.spec.drafter)
-    kind = config.spec.drafter
+    drafter = make_drafter(models, kind)
     drafter_label = models.drafter(kind).name if kind in ("mamba", "transformer") else kind
     bandit = UCBBandit(shapes, config.lambda_ucb, config.reward, config.lambda_gamma) if config.spec.policy == "ucb" else None
     generator = torch.Generator(device=device).manual_seed(config.seed)
