@@ -23,6 +23,7 @@ demo: $(VENV)/.runtime
 	$(PY) app.py --host $(HOST) --port $(PORT)
 
 test: $(VENV)/.test
+	sh scripts/ensure_chromium.sh  # Debian's chromium for the browser test (tests/e2e)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 
 clean:

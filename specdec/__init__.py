@@ -6,8 +6,3 @@ References:
     Miao et al., "SpecInfer: Accelerating LLM Serving with Tree-based Speculative Inference", ASPLOS 2024.
     Gu and Dao, "Mamba: Linear-Time Sequence Modeling with Selective State Spaces", 2023.
 """
-
-from specdec.config import METHODS, GenerationConfig
-from specdec.records import RoundRecord, Summary
-
-__all__ = ["METHODS", "GenerationConfig", "RoundRecord", "Summary"]

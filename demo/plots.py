@@ -1,0 +1,108 @@
+"""Plotly figures of a run: the bandit's arms, per-round speed, and memory."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from demo.colours import SWATCHES
+from specdec.records import BanditSnapshot, RoundRecord
+
+FONT = dict(size=14, family="ui-sans-serif,system-ui,sans-serif", color="#222")
+CHOSEN, OTHER = "#e69f00", "#9fb3c8"  # bandit bars: the chosen arm vs the rest
+DRAFT, VERIFY = "#56b4e9", "#cc79a7"
+MIB = 1024 * 1024
+
+
+def _layout(fig: go.Figure, height: int, title: str) -> go.Figure:
+    fig.update_layout(
+        height=height, title=dict(text=title, x=0, font=dict(size=16)), font=FONT, template="plotly_white",
+        margin=dict(l=60, r=20, t=60, b=40), legend=dict(orientation="h", y=-0.12, x=0), bargap=0.15,
+        paper_bgcolor="#ffffff", plot_bgcolor="#ffffff",
+    )
+    return fig
+
+
+def empty_figure(message: str, height: int = 300) -> go.Figure:
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, font=dict(size=15, color="#666"), x=0.5, y=0.5,
+                       xref="paper", yref="paper")
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return _layout(fig, height, "")
+
+
+def bandit_figure(snapshot: BanditSnapshot | None, round_index: int | None = None) -> go.Figure:
+    """Per arm: pulls, mean reward and UCB value as horizontal bars; the arm chosen this round in orange."""
+    if snapshot is None:
+        return empty_figure("The bandit panel fills in with the method “Mamba tree + bandit”.")
+    names = [a.name for a in snapshot.arms]
+    colours = [CHOSEN if i == snapshot.chosen else OTHER for i in range(len(names))]
+    columns = [
+        ("pulls", [a.pulls for a in snapshot.arms]),
+        ("mean reward", [a.mean_reward for a in snapshot.arms]),
+        ("UCB value", [a.ucb for a in snapshot.arms]),
+    ]
+    fig = make_subplots(rows=1, cols=3, shared_yaxes=True, subplot_titles=[c[0] for c in columns],
+                        horizontal_spacing=0.06)
+    for col, (label, values) in enumerate(columns, start=1):
+        text = ["untried" if v is None else (f"{v:d}" if isinstance(v, int) else f"{v:.2f}") for v in values]
+        fig.add_trace(go.Bar(y=names, x=[0 if v is None else v for v in values], orientation="h", name=label,
+                             marker_color=colours, text=text, textposition="auto", showlegend=False,
+                             hovertemplate="%{y}: %{text}<extra>" + label + "</extra>"), row=1, col=col)
+    fig.update_yaxes(autorange="reversed", title_text="arm (tree shape)", row=1, col=1)
+    chosen = names[snapshot.chosen] if names else "?"
+    when = f" in round {round_index + 1}" if round_index is not None else ""
+    title = f"Bandit ({snapshot.reward_kind} reward): arm {chosen} chosen{when}"
+    return _layout(fig, 120 + 46 * len(names), title)
+
+
+def running_rate(rounds: list[RoundRecord]) -> list[float]:
+    """Tokens per second after each round, from the rounds' own time (UI time excluded)."""
+    out, ms = [], 0.0
+    for r in rounds:
+        ms += r.round_ms
+        out.append(r.new_tokens_total / (ms / 1000) if ms > 0 else 0.0)
+    return out
+
+
+def speed_figure(rounds: list[RoundRecord]) -> go.Figure:
+    """Per round: draft and verify time (ms), tokens emitted (accepted + the target's), running tokens/s."""
+    if not rounds:
+        return empty_figure("Per-round timings appear here while generating.", 520)
+    x = [r.index + 1 for r in rounds]
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.09,
+                        subplot_titles=["time per round (ms)", "tokens emitted per round", "running tokens/s"])
+    fig.add_trace(go.Bar(x=x, y=[r.draft_ms for r in rounds], name="draft ms", marker_color=DRAFT), row=1, col=1)
+    fig.add_trace(go.Bar(x=x, y=[r.verify_ms for r in rounds], name="verify ms", marker_color=VERIFY), row=1, col=1)
+    target = [len(r.emitted) - r.accepted_len for r in rounds]
+    fig.add_trace(go.Bar(x=x, y=[r.accepted_len for r in rounds], name="accepted drafts",
+                         marker_color=SWATCHES["accepted"].border), row=2, col=1)
+    fig.add_trace(go.Bar(x=x, y=target, name="target's token", marker_color=SWATCHES["target"].fill), row=2, col=1)
+    fig.add_trace(go.Scatter(x=x, y=running_rate(rounds), name="tokens/s", mode="lines+markers",
+                             line=dict(color="#222", width=2)), row=3, col=1)
+    fig.update_layout(barmode="stack")
+    fig.update_xaxes(title_text="round", row=3, col=1)
+    return _layout(fig, 560, "")
+
+
+def memory_figure(rounds: list[RoundRecord]) -> go.Figure:
+    """Process memory over time (and CUDA memory on a GPU); drafter state vs target KV cache per round."""
+    if not rounds:
+        return empty_figure("Memory use appears here while generating.", 420)
+    t = [r.elapsed_s for r in rounds]
+    x = [r.index + 1 for r in rounds]
+    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.24,
+                        subplot_titles=["process memory (MiB) over time", "drafter state vs target KV cache (MiB)"])
+    fig.add_trace(go.Scatter(x=t, y=[r.rss_bytes / MIB for r in rounds], name="process RSS",
+                             line=dict(color="#222")), row=1, col=1)
+    if any(r.cuda_allocated_bytes is not None for r in rounds):
+        fig.add_trace(go.Scatter(x=t, y=[(r.cuda_allocated_bytes or 0) / MIB for r in rounds], name="CUDA allocated",
+                                 line=dict(color=CHOSEN)), row=1, col=1)
+    fig.add_trace(go.Scatter(x=x, y=[r.drafter_state_bytes / MIB for r in rounds], name="drafter state",
+                             line=dict(color=SWATCHES["accepted"].border, width=3)), row=2, col=1)
+    fig.add_trace(go.Scatter(x=x, y=[r.target_kv_bytes / MIB for r in rounds], name="target KV cache",
+                             line=dict(color=SWATCHES["target"].fill, width=3)), row=2, col=1)
+    fig.update_xaxes(title_text="seconds", row=1, col=1)
+    fig.update_xaxes(title_text="round", row=2, col=1)
+    return _layout(fig, 520, "")

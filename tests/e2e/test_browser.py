@@ -1,0 +1,138 @@
+"""End to end in a real browser: Playwright drives headless Debian Chromium against `python app.py`.
+
+Types a prompt, sees tokens stream in, sees a draft tree with coloured nodes and the plots, steps through a
+round, and saves a screenshot to artifacts/e2e-app.png. Needs /usr/bin/chromium (scripts/ensure_chromium.sh).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+SCREENSHOT = ROOT / "artifacts" / "e2e-app.png"
+
+
+def missing(reason: str) -> None:
+    """Skip on a developer machine; fail in CI, where the browser must be there."""
+    (pytest.fail if os.environ.get("CI") else pytest.skip)(reason)
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log_path = tmp_path_factory.mktemp("app") / "app.log"
+    log = log_path.open("w")
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port)], cwd=ROOT, env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, f"app.py exited early:\n{log_path.read_text()}"
+            try:
+                if httpx.get(url, timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "app.py did not come up within 90 s"
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def page(app_url):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not os.path.exists(CHROMIUM):
+        missing(f"{CHROMIUM} is missing; run scripts/ensure_chromium.sh")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        tab = browser.new_page(viewport={"width": 1400, "height": 1000})
+        tab.set_default_timeout(20_000)
+        tab.goto(app_url)
+        yield tab
+        browser.close()
+
+
+def test_generate_streams_tokens_tree_and_plots(page):
+    page.locator("#prompt textarea").fill("Give me three tips for staying focused while studying.")
+    page.locator("#max-new-tokens input[type=number]").fill("24")
+    page.locator("#max-new-tokens input[type=number]").press("Enter")
+    page.locator("#generate-btn").click()
+
+    # tokens stream in: some appear while the run is still going
+    page.wait_for_selector("#conversation .sd-tok", timeout=180_000)
+    streaming = page.locator("#conversation .sd-cursor").count()
+    page.wait_for_selector("#conversation .sd-status:has-text('Done')", timeout=240_000)
+    tokens = page.locator("#conversation .sd-tok")
+    assert tokens.count() >= 2 and streaming == 1
+
+    # the draft tree: nodes of several colours, the target's token among them
+    nodes = page.locator("#tree .sd-node")
+    assert nodes.count() >= 2
+    fills = {nodes.nth(i).locator("rect").get_attribute("fill") for i in range(nodes.count())}
+    assert len(fills) >= 2
+    assert page.locator("#tree .sd-node[data-status=target]").count() in (0, 1)
+    assert "Round" in page.locator("#tree .sd-tree-head").inner_text()
+    drafted = page.locator("#tree .sd-node:not([data-status=root]):not([data-status=target]) title")
+    if drafted.count():  # hover text of a drafted node
+        assert "q (drafter) = " in drafted.first.text_content() and "p (target) = " in drafted.first.text_content()
+
+    # plots rendered by plotly in the page
+    for plot in ("#speed-plot", "#memory-plot", "#bandit-plot"):
+        page.wait_for_selector(f"{plot} .main-svg", timeout=30_000)
+    assert page.locator("#speed-plot .bars path, #speed-plot .trace").count() > 0
+
+    SCREENSHOT.parent.mkdir(exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT), full_page=True)
+
+    # the run's round records download as JSON
+    with page.expect_download() as download:
+        page.locator("#export-btn").click()
+    data = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
+    assert data["summary"]["new_tokens"] == tokens.count() == len(data["rounds"][-1]["emitted"]) + sum(
+        len(r["emitted"]) for r in data["rounds"][:-1])
+
+
+def test_step_mode_explains_one_round(page):
+    page.locator("#step-btn").click()
+    caption = page.locator("#caption .sd-caption")
+    caption.wait_for(timeout=180_000)
+    page.wait_for_function("(document.querySelector('#caption .sd-caption')?.innerText || '').startsWith('Round 1:')")
+    assert "the drafter proposed" in caption.inner_text() or "nothing was drafted" in caption.inner_text()
+    page.locator("#step-btn").click()
+    page.wait_for_function("(document.querySelector('#caption .sd-caption')?.innerText || '').startsWith('Round 2:')",
+                           timeout=60_000)
+
+
+def test_stop_cancels_and_the_page_stays_usable(page):
+    page.locator("#max-new-tokens input[type=number]").fill("256")
+    page.locator("#max-new-tokens input[type=number]").press("Enter")
+    page.locator("#generate-btn").click()
+    page.wait_for_selector("#conversation .sd-cursor", timeout=180_000)
+    page.wait_for_selector("#conversation .sd-tok", timeout=180_000)
+    page.locator("#stop-btn").click()
+    page.wait_for_selector("#conversation .sd-status:has-text('you pressed Stop')", timeout=60_000)
+    assert page.locator("#conversation .sd-tok").count() < 256
+    assert page.locator("#generate-btn").is_enabled()

@@ -1,0 +1,151 @@
+"""The app over its API (`gradio_client`): streamed `generate`, step, compare, stop, errors, separate sessions.
+
+Most tests drive the app in-process with `demo.fake` standing in for the engine (fast, no models);
+`test_real_app_streams_generate` starts `python app.py` as a subprocess with the real default models.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+
+import app
+from demo.fake import fake_generate
+
+ROOT = Path(__file__).resolve().parent.parent
+ARGS = dict(method="mamba-ucb", temperature=0.0, max_new_tokens=24, seed=0, tree="", arms="", lambda_ucb=1.0,
+            reward="paper")  # the order of the `generate` inputs
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fake_engine(delay: float = 0.01) -> app.Engine:
+    from specdec.config import GenerationConfig
+
+    return app.Engine(make_config=lambda **kw: GenerationConfig(**kw).validate(), prepare=lambda config, progress: None,
+                      generate=lambda models, prompt, config, stop: fake_generate(models, prompt, config, stop, delay))
+
+
+@pytest.fixture(scope="module")
+def url():
+    blocks = app.build_app(fake_engine())
+    port = free_port()
+    blocks.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    yield f"http://127.0.0.1:{port}/"
+    blocks.close()
+
+
+def call(client: Client, endpoint: str, prompt: str = "Explain speculative decoding.", **changes):
+    return client.submit(prompt, *{**ARGS, **changes}.values(), api_name=endpoint)
+
+
+def test_generate_streams_several_updates(url):
+    outputs = list(call(Client(url, verbose=False), "/generate"))
+    assert len(outputs) >= 3
+    conversation, caption, tree, *_ = outputs[-1]
+    assert conversation.count('class="sd-tok"') == 24 and "Done: 24 tokens" in conversation
+    assert caption.startswith('<div class="sd-caption"') and "Round" in caption
+    assert 'class="sd-node"' in tree
+    assert [o[0].count('class="sd-tok"') for o in outputs] == sorted(o[0].count('class="sd-tok"') for o in outputs)
+    export = outputs[-1][-1]["value"]
+    assert len(json.loads(Path(export).read_text())["rounds"]) == int(caption.split("Round ")[1].split(":")[0])
+
+
+def test_step_advances_one_round_per_call_and_sessions_stay_apart(url):
+    alice, bob = Client(url, verbose=False), Client(url, verbose=False)
+    captions = [call(alice, "/step").result()[1] for _ in range(3)]
+    assert ["Round 1:" in captions[0], "Round 2:" in captions[1], "Round 3:" in captions[2]] == [True] * 3
+    assert "Round 1:" in call(bob, "/step").result()[1]  # bob's run is his own
+    assert "Round 4:" in call(alice, "/step").result()[1]
+
+
+def test_compare_shows_both_runs_and_the_speed_up(url):
+    comparison = call(Client(url, verbose=False), "/compare", max_new_tokens=16).result()[7]
+    assert "Speed-up:" in comparison["value"] and "Target alone" in comparison["value"]
+    assert comparison["visible"] is True
+
+
+def test_stop_ends_the_run_and_the_app_keeps_serving(url):
+    client = Client(url, verbose=False)
+    job = call(client, "/generate", max_new_tokens=512)
+    deadline = time.monotonic() + 30
+    while len(job.outputs()) < 3 and not job.done() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    client.predict(api_name="/stop")
+    final = job.result(timeout=30)
+    assert "you pressed Stop" in final[0] and final[0].count('class="sd-tok"') < 512
+    assert "Done: 24 tokens" in call(client, "/generate").result()[0]
+
+
+def test_bad_input_gives_a_clear_error(url):
+    client = Client(url, verbose=False)
+    with pytest.raises(AppError, match="Type a prompt first"):
+        call(client, "/generate", prompt="   ").result()
+    with pytest.raises(AppError, match="Invalid settings"):
+        call(client, "/generate", method="mamba-chain", tree="3,2").result()
+
+
+def test_flags_default_to_environment_variables(monkeypatch):
+    monkeypatch.setenv("SPECDEC_PORT", "9000")
+    monkeypatch.setenv("SPECDEC_DEVICE", "cpu")
+    args = app.parse_args(["--target", "some/model", "--dtype", "float32"])
+    assert (args.host, args.port, args.device, args.target, args.dtype) == ("127.0.0.1", 9000, "cpu", "some/model",
+                                                                              "float32")
+
+
+def wait_until_up(url: str, proc: subprocess.Popen, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"app.py exited with code {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"app.py did not answer on {url} within {seconds} s")
+
+
+def test_real_app_streams_generate(tmp_path):
+    port = free_port()
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
+    log = (tmp_path / "app.log").open("w")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port)], cwd=ROOT, env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        wait_until_up(url, proc, 90)
+        job = call(Client(url, verbose=False), "/generate", prompt="Name three colours.", max_new_tokens=16)
+        final = job.result(timeout=300)
+        outputs = job.outputs()
+        assert len(outputs) >= 3  # the prompt at once, then tokens as they come, then the finished run
+        assert "Done: " in final[0] and final[0].count('class="sd-tok"') >= 1
+        assert 'class="sd-node"' in final[2]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def test_every_engine_method_has_a_label_in_the_app():
+    from specdec.config import METHODS
+
+    assert set(app.METHODS) == set(METHODS)

@@ -1,0 +1,71 @@
+"""Plotly figures of `demo/plots.py`: bandit bars, per-round speed, memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from demo.colours import SWATCHES
+from demo.plots import CHOSEN, MIB, OTHER, bandit_figure, memory_figure, running_rate, speed_figure
+from specdec.records import ArmStat, BanditSnapshot, EmittedToken, RoundRecord, TreeNode
+
+
+def rounds(n: int = 3, cuda: bool = False) -> list[RoundRecord]:
+    out = []
+    for i in range(n):
+        emitted = [EmittedToken(1, "a", "draft")] * i + [EmittedToken(2, "b", "bonus")]
+        out.append(RoundRecord(
+            i, [2, 1], "(2,1)", [TreeNode(0, 0, "x", -1, 0, 1.0, 1.0, "root")], emitted, i,
+            draft_ms=5.0 + i, verify_ms=20.0, round_ms=25.0 + i, new_tokens_total=sum(range(i + 2)),
+            elapsed_s=0.1 * (i + 1), rss_bytes=(100 + i) * MIB, cuda_allocated_bytes=(50 * MIB if cuda else None),
+            cuda_peak_bytes=None, drafter_state_bytes=MIB // 2, target_kv_bytes=(i + 1) * MIB))
+    return out
+
+
+def snapshot() -> BanditSnapshot:
+    arms = [ArmStat("(3)", 4, -0.61, 1.1), ArmStat("(2,2,1)", 6, -0.42, 0.9), ArmStat("chain 5", 0, None, None)]
+    return BanditSnapshot(arms, chosen=1, reward_kind="paper", last_reward=-0.4)
+
+
+def test_bandit_bars_per_arm_with_the_chosen_arm_highlighted():
+    fig = bandit_figure(snapshot(), round_index=6)
+    assert [t.name for t in fig.data] == ["pulls", "mean reward", "UCB value"]
+    pulls, mean, ucb = fig.data
+    assert list(pulls.y) == ["(3)", "(2,2,1)", "chain 5"] and list(pulls.x) == [4, 6, 0]
+    assert list(mean.x) == [-0.61, -0.42, 0] and list(mean.text) == ["-0.61", "-0.42", "untried"]
+    assert list(ucb.text) == ["1.10", "0.90", "untried"]
+    assert list(pulls.marker.color) == [OTHER, CHOSEN, OTHER]
+    assert "arm (2,2,1) chosen in round 7" in fig.layout.title.text and "paper" in fig.layout.title.text
+
+
+def test_bandit_placeholder_without_a_bandit():
+    fig = bandit_figure(None)
+    assert not fig.data and "Mamba tree + bandit" in fig.layout.annotations[0].text
+
+
+def test_running_rate_uses_round_time_only():
+    assert running_rate(rounds()) == pytest.approx([1 / 0.025, 3 / 0.051, 6 / 0.078])
+
+
+def test_speed_figure_has_times_tokens_and_rate_per_round():
+    fig = speed_figure(rounds())
+    by_name = {t.name: t for t in fig.data}
+    assert list(by_name["draft ms"].y) == [5.0, 6.0, 7.0] and list(by_name["verify ms"].y) == [20.0] * 3
+    assert list(by_name["accepted drafts"].y) == [0, 1, 2] and list(by_name["target's token"].y) == [1, 1, 1]
+    assert by_name["accepted drafts"].marker.color == SWATCHES["accepted"].border
+    assert list(by_name["tokens/s"].x) == [1, 2, 3]
+    assert fig.layout.barmode == "stack"
+
+
+def test_memory_figure_compares_drafter_state_with_kv_cache():
+    fig = memory_figure(rounds())
+    by_name = {t.name: t for t in fig.data}
+    assert set(by_name) == {"process RSS", "drafter state", "target KV cache"}  # no CUDA trace on CPU
+    assert list(by_name["process RSS"].y) == [100, 101, 102]
+    assert list(by_name["process RSS"].x) == pytest.approx([0.1, 0.2, 0.3])
+    assert list(by_name["drafter state"].y) == [0.5] * 3 and list(by_name["target KV cache"].y) == [1, 2, 3]
+    assert "CUDA allocated" in {t.name for t in memory_figure(rounds(cuda=True)).data}
+
+
+def test_empty_runs_give_placeholders():
+    assert "while generating" in speed_figure([]).layout.annotations[0].text
+    assert "while generating" in memory_figure([]).layout.annotations[0].text
