@@ -90,7 +90,8 @@ class Summary:
     new_tokens: int
     rounds: int
     prefill_ms: float
-    seconds: float  # wall time of the rounds (excludes prefill)
+    seconds: float  # wall time from the first round to the end (excludes prefill; includes time the consumer
+    # spent between rounds, since `generate` is a generator; sum `round_ms` for engine time alone)
     tokens_per_s: float
     mean_accepted_len: float  # tokens emitted per round, the target's own token included
     acceptance_rate: float | None  # accepted / tested draft positions (None when nothing was drafted)
