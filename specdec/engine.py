@@ -79,13 +79,16 @@ def _accept(tree: DraftTree, logits: torch.Tensor, config: GenerationConfig, gen
             p: torch.Tensor) -> Acceptance:
     if config.greedy:
         return accept_greedy(tree.tokens, tree.parents, logits.argmax(-1).tolist())
-    return accept_sampling(tree.tokens, tree.parents, p, tree.q, generator)
+    q = tree.q.to(p.device) if tree.q is not None else None
+    return accept_sampling(tree.tokens, tree.parents, p, q, generator)
 
 
 def _tree_nodes(tree: DraftTree, acc: Acceptance, p: torch.Tensor, tokenizer) -> list[TreeNode]:
     accepted, rejected = set(acc.path), set(acc.rejected)
     parents = tree.parents
-    p_tok = [1.0] + [float(p[parents[i], tree.tokens[i]]) for i in range(1, len(tree.tokens))]
+    rows = torch.tensor(parents[1:], dtype=torch.long, device=p.device)
+    cols = torch.tensor(tree.tokens[1:], dtype=torch.long, device=p.device)
+    p_tok = [1.0] + p[rows, cols].tolist()  # one gather: p of each node's token at its parent
     nodes = []
     for i, token in enumerate(tree.tokens):
         status = "root" if i == 0 else "accepted" if i in accepted else "rejected" if i in rejected else "not_reached"
@@ -104,6 +107,8 @@ def generate(models: Models, prompt: str, config: GenerationConfig,
     tokenizer, device = target.tokenizer, target.device
     prompt_ids = encode_prompt(tokenizer, prompt, chat)
     shapes = config.shapes()
+    if max((w for s in shapes for w in s.widths), default=1) > target.vocab_size:
+        raise ValueError(f"a tree is wider than the vocabulary ({target.vocab_size} tokens)")
     max_depth = max(s.depth for s in shapes)
     kind = config.spec.drafter
     limits = [getattr(target.model.config, "max_position_embeddings", None)]

@@ -28,6 +28,12 @@ class TreeLM:
     """Wraps a Hugging Face causal LM; one sequence (batch 1) per instance."""
 
     def __init__(self, model: PreTrainedModel) -> None:
+        config = model.config
+        layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+        if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True) or \
+                layer_types != {"full_attention"}:
+            raise ValueError(f"{config.model_type} uses sliding-window or non-attention layers; tree verification "
+                             "here needs full attention in every layer")
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype

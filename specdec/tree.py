@@ -82,7 +82,10 @@ _SHAPE_RE = re.compile(rf"^({_WIDTHS}|\({_WIDTHS}\))$")
 
 
 def parse_shape(text: str | int | tuple[int, ...] | TreeShape) -> TreeShape:
-    """`"4"` is a chain of 4; `"3,2,1"` or `"(3,2,1)"` is a tree; `0` means no drafting."""
+    """`"4"` (or `"(4)"`) is a chain of 4; `"3,2,1"` or `"(3,2,1)"` is a tree; `0` means no drafting.
+
+    A one-level tree of width 4 is written `"4,"`.
+    """
     if isinstance(text, TreeShape):
         return text
     if isinstance(text, int):

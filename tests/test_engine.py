@@ -145,3 +145,28 @@ def test_the_chi_square_check_can_fail(tiny_models):
         key = tuple(seq[-N_NEW:])
         counts[key] = counts.get(key, 0) + 1
     assert _chi_square(counts, dist, RUNS) < 1e-6
+
+
+def test_tree_wider_than_the_vocabulary_is_refused(tiny_models):
+    with pytest.raises(ValueError, match="wider than the vocabulary"):
+        next(generate(tiny_models, PROMPT, GenerationConfig(method="mamba-tree", tree="7,1"), chat=False))
+
+
+@pytest.mark.parametrize("method", ["mamba-tree", "tf-tree"])
+def test_drafters_narrower_than_the_target_stay_exact(method):
+    """Target ids the drafter has no row for (padded vocabularies) are clamped on the drafter's input only."""
+    from specdec.models import LoadedModel, Models
+    from tests.tiny import TinyTokenizer, tiny_llama, tiny_mamba
+
+    target = LoadedModel("t8", tiny_llama(8, seed=11), TinyTokenizer(8), "tiny")
+    models = Models.from_loaded(target, LoadedModel("m6", tiny_mamba(6, seed=12), None, "tiny"),
+                                LoadedModel("f6", tiny_llama(6, seed=13), None, "tiny"))
+    _, ar = run(models, method="ar", max_new_tokens=30)
+    _, sd = run(models, method=method, tree="2,2", max_new_tokens=30)
+    assert sd.token_ids == ar.token_ids
+    emitted = set()
+    for seed in range(5):
+        _, sd = run(models, method=method, tree="2,2", max_new_tokens=30, temperature=1.5, seed=seed)
+        assert sd.new_tokens == 30
+        emitted |= set(sd.token_ids)
+    assert emitted & {6, 7}  # ids only the target has were emitted and fed back to the drafter

@@ -54,3 +54,12 @@ def test_commit_refuses_a_non_chain():
     lm.extend([3, 4, 5], [-1, 0, 0])
     with pytest.raises(ValueError):
         lm.commit([0, 2, 1])
+
+
+def test_sliding_window_targets_are_refused():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(vocab_size=11, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=4, num_key_value_heads=2, sliding_window=8)
+    with pytest.raises(ValueError, match="sliding-window"):
+        TreeLM(MistralForCausalLM(config))

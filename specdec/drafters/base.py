@@ -82,10 +82,11 @@ class TreeBuilder:
 
     def build(self, shape: TreeShape, vocab_size: int) -> DraftTree:
         q = None
-        if self.keep_q:
-            q = torch.zeros(len(self.tokens), vocab_size)
-            for node, row in self.q_rows.items():
-                q[node] = row.float().cpu()
+        if self.keep_q:  # rows of leaves stay zero: nothing was drawn from them
+            some_row = next(iter(self.q_rows.values()))
+            q = some_row.new_zeros(len(self.tokens), vocab_size)  # [n, V] on the drafter's device
+            nodes = list(self.q_rows)
+            q[nodes] = torch.stack([self.q_rows[node] for node in nodes]).to(q.dtype)
         return DraftTree(shape, self.tokens, self.parents, self.q_tok, q)
 
 

@@ -113,6 +113,9 @@ class MambaDrafter(Drafter):
         self.mixer_step = mixer_step_kernel if (kernels_available(self.device) if use_kernels is None
                                                 else use_kernels) else mixer_step_ref
         weight = model.get_output_embeddings().weight  # [V_d, d]
+        if head_ids is not None and int(head_ids.max()) >= min(len(weight), vocab_size):
+            raise ValueError("draft_vocab.json names token ids beyond the drafter's or the target's vocabulary")
+        self.max_input_id = model.get_input_embeddings().num_embeddings - 1
         self.head_ids = head_ids.to(self.device) if head_ids is not None else None
         self.head_weight = weight[self.head_ids] if head_ids is not None else weight  # reduced draft head
 
@@ -130,7 +133,8 @@ class MambaDrafter(Drafter):
     def step(self, tokens: torch.Tensor, state: MambaState, logits: bool = True) -> torch.Tensor | None:
         """Feed tokens [B] to B rows of `state` (updated in place). Returns logits [B, V] (target width) or None."""
         backbone = self.model.backbone
-        h = backbone.embeddings(tokens)  # [B, d]
+        # a target token the drafter has no embedding for only makes drafting worse, never inexact
+        h = backbone.embeddings(tokens.clamp_max(self.max_input_id))  # [B, d]
         for layer, block in enumerate(backbone.layers):  # as MambaBlock.forward, one token per row
             x = block.norm(h.to(block.norm.weight.dtype))
             residual = h.float() if block.residual_in_fp32 else h
@@ -147,7 +151,7 @@ class MambaDrafter(Drafter):
     @torch.inference_mode()
     def prefill(self, context: list[int]) -> tuple[MambaState, torch.Tensor]:
         """Run the prompt from a zero state with the model's full-sequence path; -> (state of 1 row, logits [V])."""
-        ids = torch.tensor([context], device=self.device)
+        ids = torch.tensor([context], device=self.device).clamp_max(self.max_input_id)
         out = self.model(input_ids=ids, use_cache=True)
         layers = out.cache.layers
         conv = torch.stack([layer.conv_states[0][:, :, -self.model.config.conv_kernel:] for layer in layers]).float()

@@ -21,13 +21,20 @@ class TransformerDrafter(Drafter):
     def __init__(self, model: PreTrainedModel, vocab_size: int) -> None:
         self.lm = TreeLM(model)
         self.vocab_size = vocab_size
+        self.max_input_id = model.get_input_embeddings().num_embeddings - 1
+
+    def _inputs(self, tokens: list[int]) -> list[int]:
+        """A target token the drafter has no embedding for only makes drafting worse, never inexact."""
+        return [min(t, self.max_input_id) for t in tokens]
 
     def start(self, context: list[int], max_nodes: int) -> None:
         self.lm.reset()
-        self.pending = list(context)  # tokens not yet in the drafter's cache; the last one is the root
+        if len(context) > 1:
+            self.lm.feed(self._inputs(context[:-1]))
+        self.pending = [context[-1]]  # tokens not yet in the drafter's cache; the last one is the root
 
     def draft(self, shape: TreeShape, sampler: Sampler) -> DraftTree:
-        logits = fit_vocab(self.lm.feed(self.pending)[-1:], self.vocab_size)  # [1, V] at the root
+        logits = fit_vocab(self.lm.feed(self._inputs(self.pending))[-1:], self.vocab_size)  # [1, V] at the root
         root, self.pending = self.pending[-1], []
         builder = TreeBuilder(root, keep_q=not sampler.greedy)
         self.region_index = {}  # tree node -> index in the drafter's speculative cache region
@@ -40,7 +47,8 @@ class TransformerDrafter(Drafter):
             parents = [self.region_index.get(builder.parents[node], -1) for node in new_nodes]
             for node in new_nodes:
                 self.region_index[node] = len(self.region_index)
-            logits = fit_vocab(self.lm.extend(kids.flatten().tolist(), parents), self.vocab_size)  # [m*width, V]
+            logits = fit_vocab(self.lm.extend(self._inputs(kids.flatten().tolist()), parents),
+                               self.vocab_size)  # [m*width, V]
             frontier = new_nodes
         self.tree_tokens = builder.tokens
         return builder.build(shape, self.vocab_size)
