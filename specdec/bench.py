@@ -254,6 +254,7 @@ def context_study(models: Models, lengths: list[int], steps: int = 32, log=print
     its KV cache, which grows with the context, and so does the attention part of each step.
     """
     from specdec.drafters import MambaDrafter
+    from specdec.drafters.base import load_draft_vocab
     from specdec.drafters.mamba import MambaState
     from specdec.kvcache import TreeLM
 
@@ -261,7 +262,8 @@ def context_study(models: Models, lengths: list[int], steps: int = 32, log=print
     text_ids = [t for item in load_prompts(None) for t in encode_prompt(target.tokenizer, item["prompt"], chat=False)]
     mamba = models.drafter("mamba")
     mamba_drafter = MambaDrafter.from_folder(mamba.model, target.vocab_size, mamba.source)
-    tf_lm = TreeLM(models.drafter("transformer").model)
+    tf = models.drafter("transformer")
+    tf_lm = TreeLM(tf.model, load_draft_vocab(tf.source))
     rows = []
     for length in lengths:
         context = (text_ids * (length // len(text_ids) + 1))[:length]

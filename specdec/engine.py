@@ -45,7 +45,7 @@ def make_drafter(models: Models, kind: str) -> Drafter:
     loaded = models.drafter(kind)
     if kind == "mamba":
         return MambaDrafter.from_folder(loaded.model, vocab_size, loaded.source)
-    return TransformerDrafter(loaded.model, vocab_size)
+    return TransformerDrafter.from_folder(loaded.model, vocab_size, loaded.source)
 
 
 class Detokenizer:

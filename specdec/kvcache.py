@@ -27,7 +27,8 @@ def tree_attention_mask(prefix_len: int, anc: torch.Tensor, rows: slice, dtype: 
 class TreeLM:
     """Wraps a Hugging Face causal LM; one sequence (batch 1) per instance."""
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, head_ids: torch.Tensor | None = None) -> None:
+        """`head_ids`: score only these token ids (a reduced draft head); the returned logits are -inf elsewhere."""
         config = model.config
         layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
         if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True) or \
@@ -37,6 +38,9 @@ class TreeLM:
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
+        self.head_ids = head_ids.to(self.device) if head_ids is not None else None
+        if self.head_ids is not None:
+            self.head_weight = model.get_output_embeddings().weight[self.head_ids]  # [H, d]
         self.reset()
 
     def reset(self) -> None:
@@ -61,9 +65,13 @@ class TreeLM:
         if not is_chain_from_prefix:  # a causal chain needs no custom mask
             anc = ancestor_matrix(self.parents)  # [S, S]
             mask = tree_attention_mask(self.length, anc, slice(start, None), self.dtype, self.device)
-        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self.cache,
-                         use_cache=True)
-        return out.logits[0]  # [n, V]
+        inputs = dict(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self.cache, use_cache=True)
+        if self.head_ids is None:
+            return self.model(**inputs).logits[0]  # [n, V]
+        h = self.model.base_model(**inputs).last_hidden_state[0]  # [n, d]
+        scores = (h @ self.head_weight.T).float()  # [n, H]
+        full = scores.new_full((len(tokens), self.model.get_output_embeddings().weight.shape[0]), float("-inf"))
+        return full.index_copy_(-1, self.head_ids, scores)  # [n, V_model]
 
     def commit(self, keep: list[int]) -> None:
         """Keep region entries `keep` (a chain from the prefix, in order) and drop the rest of the region."""

@@ -170,3 +170,22 @@ def test_drafters_narrower_than_the_target_stay_exact(method):
         assert sd.new_tokens == 30
         emitted |= set(sd.token_ids)
     assert emitted & {6, 7}  # ids only the target has were emitted and fed back to the drafter
+
+
+@pytest.mark.parametrize("method", ["mamba-tree", "tf-tree"])
+def test_reduced_draft_head_from_the_drafter_folder(tiny_models, tmp_path, method):
+    """`draft_vocab.json` beside a drafter's weights limits what it drafts; q is 0 elsewhere and output stays exact."""
+    import json
+
+    from specdec.models import LoadedModel, Models
+
+    (tmp_path / "draft_vocab.json").write_text(json.dumps({"token_ids": [0, 2, 3]}))
+    mamba, tf = tiny_models.drafter("mamba"), tiny_models.drafter("transformer")
+    models = Models.from_loaded(tiny_models.target, LoadedModel("m", mamba.model, mamba.tokenizer, str(tmp_path)),
+                                LoadedModel("f", tf.model, tf.tokenizer, str(tmp_path)))
+    _, ar = run(models, method="ar", max_new_tokens=30)
+    rounds, sd = run(models, method=method, tree="2,2", max_new_tokens=30)
+    assert sd.token_ids == ar.token_ids
+    assert {n.token_id for r in rounds for n in r.nodes[1:]} <= {0, 2, 3}
+    rounds, _ = run(models, method=method, tree="2,2", max_new_tokens=10, temperature=1.0)
+    assert {n.token_id for r in rounds for n in r.nodes[1:]} <= {0, 2, 3}

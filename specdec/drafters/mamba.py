@@ -18,15 +18,13 @@ their fused single-step kernels are used instead (tests check the two agree wher
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from transformers import MambaForCausalLM
 
-from specdec.drafters.base import DraftTree, Drafter, Sampler, TreeBuilder, fit_vocab
+from specdec.drafters.base import DraftTree, Drafter, Sampler, TreeBuilder, fit_vocab, load_draft_vocab, scatter_head
 from specdec.tree import TreeShape
 
 try:  # GPU kernels; absent (or failing to import) without CUDA
@@ -121,12 +119,8 @@ class MambaDrafter(Drafter):
 
     @classmethod
     def from_folder(cls, model: MambaForCausalLM, vocab_size: int, folder: str | None) -> MambaDrafter:
-        """Use `draft_vocab.json` ({"token_ids": [...]}) beside the weights, when present, as the draft head."""
-        path = Path(folder) / "draft_vocab.json" if folder else None
-        head_ids = None
-        if path is not None and path.is_file():
-            head_ids = torch.tensor(json.loads(path.read_text())["token_ids"], dtype=torch.long)
-        return cls(model, vocab_size, head_ids)
+        """Use `draft_vocab.json` beside the weights, when present, as the draft head."""
+        return cls(model, vocab_size, load_draft_vocab(folder))
 
     # --- the batched step -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -142,11 +136,10 @@ class MambaDrafter(Drafter):
         if not logits:
             return None
         h = backbone.norm_f(h).to(self.head_weight.dtype)
-        scores = h @ self.head_weight.T  # [B, V_head]
+        scores = (h @ self.head_weight.T).float()  # [B, V_head]
         if self.head_ids is not None:
-            full = scores.new_full((scores.shape[0], self.vocab_size), float("-inf"))
-            return full.index_copy_(1, self.head_ids, scores).float()
-        return fit_vocab(scores.float(), self.vocab_size)
+            return scatter_head(scores, self.head_ids, self.vocab_size)
+        return fit_vocab(scores, self.vocab_size)
 
     @torch.inference_mode()
     def prefill(self, context: list[int]) -> tuple[MambaState, torch.Tensor]:
@@ -162,8 +155,7 @@ class MambaDrafter(Drafter):
         return MambaState(conv, ssm), fit_vocab(logits.float(), self.vocab_size)
 
     def _reduce(self, logits: torch.Tensor) -> torch.Tensor:
-        full = logits.new_full((self.vocab_size,), float("-inf"))
-        return full.index_copy_(0, self.head_ids, logits[self.head_ids]).float()
+        return scatter_head(logits[self.head_ids].float(), self.head_ids, self.vocab_size)
 
     # --- the Drafter interface ----------------------------------------------------------------------------
     def start(self, context: list[int], max_nodes: int) -> None:

@@ -8,9 +8,10 @@ start of the next round. Unlike a Mamba state, this cache grows with the context
 
 from __future__ import annotations
 
+import torch
 from transformers import PreTrainedModel
 
-from specdec.drafters.base import DraftTree, Drafter, Sampler, TreeBuilder, fit_vocab
+from specdec.drafters.base import DraftTree, Drafter, Sampler, TreeBuilder, fit_vocab, load_draft_vocab
 from specdec.kvcache import TreeLM
 from specdec.tree import TreeShape
 
@@ -18,10 +19,15 @@ from specdec.tree import TreeShape
 class TransformerDrafter(Drafter):
     name = "transformer"
 
-    def __init__(self, model: PreTrainedModel, vocab_size: int) -> None:
-        self.lm = TreeLM(model)
+    def __init__(self, model: PreTrainedModel, vocab_size: int, head_ids: torch.Tensor | None = None) -> None:
+        self.lm = TreeLM(model, head_ids)
         self.vocab_size = vocab_size
         self.max_input_id = model.get_input_embeddings().num_embeddings - 1
+
+    @classmethod
+    def from_folder(cls, model: PreTrainedModel, vocab_size: int, folder: str | None) -> TransformerDrafter:
+        """Use `draft_vocab.json` beside the weights, when present, as the draft head."""
+        return cls(model, vocab_size, load_draft_vocab(folder))
 
     def _inputs(self, tokens: list[int]) -> list[int]:
         """A target token the drafter has no embedding for only makes drafting worse, never inexact."""
