@@ -48,7 +48,8 @@ class Engine:
 
     make_config: Callable[..., object]  # keyword settings -> validated config, ValueError when bad
     prepare: Callable[[object, Callable[[str], None]], object]  # (config, progress) -> models, loaded for it
-    generate: Callable[..., Iterator]  # (models, prompt, config, stop) -> RoundRecord..., Summary
+    generate: Callable[..., Iterator]  # (models, prompt, config, stop, memory) -> RoundRecord..., Summary
+    # `memory` is a dict that lives as long as the browser session: the bandit keeps learning there across runs
 
 
 def real_engine(target: str, drafter: str, tf_drafter: str, device: str, dtype: str) -> Engine:
@@ -77,10 +78,16 @@ def real_engine(target: str, drafter: str, tf_drafter: str, device: str, dtype: 
         except ModelLoadError as err:
             raise gr.Error(f"Could not load the models: {err}") from err
 
-    def generate(models, prompt, config, stop):
+    def generate(models, prompt, config, stop, memory):
+        from specdec.bandit import UCBBandit
         from specdec.engine import generate as run
 
-        return run(models, prompt, config, stop)
+        bandit = None
+        if config.spec.policy == "ucb":  # one bandit per browser session, renewed when its settings change
+            bandit = memory.get("bandit")
+            if bandit is None or not bandit.matches(config):
+                bandit = memory["bandit"] = UCBBandit.for_config(config)
+        return run(models, prompt, config, stop, bandit=bandit)
 
     return Engine(make_config, prepare, generate)
 
@@ -156,7 +163,8 @@ def build_app(engine: Engine, prompts_dir: Path = ROOT / "assets" / "prompts") -
         settings = settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward)
         yield begin(prompt, settings, session)
         config, models = setup(settings, progress)
-        yield from stream(session, engine.generate(models, session.prompt, config, session.stop))
+        yield from stream(session, engine.generate(models, session.prompt, config, session.stop,
+                                                   session.memory))
         yield finish(session)
 
     def compare(prompt, method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, session,
@@ -173,10 +181,12 @@ def build_app(engine: Engine, prompts_dir: Path = ROOT / "assets" / "prompts") -
             return gr.HTML(compare_html(base.rounds, base.summary, session.rounds, session.summary, label),
                            visible=True)
 
-        yield from stream(base, engine.generate(models, base.prompt, base_config, session.stop), panel)
+        baseline_run = engine.generate(models, base.prompt, base_config, session.stop, session.memory)
+        yield from stream(base, baseline_run, panel)
         session.baseline = base.summary
         if not session.stop.is_set():
-            yield from stream(session, engine.generate(models, session.prompt, config, session.stop), panel)
+            method_run = engine.generate(models, session.prompt, config, session.stop, session.memory)
+            yield from stream(session, method_run, panel)
         yield finish(session, panel)
 
     def step(prompt, method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, session,
@@ -186,7 +196,7 @@ def build_app(engine: Engine, prompts_dir: Path = ROOT / "assets" / "prompts") -
         if session.stepper is None or session.settings != settings or session.prompt != (prompt or "").strip():
             yield begin(prompt, settings, session)
             config, models = setup(settings, progress)
-            session.stepper = engine.generate(models, session.prompt, config, session.stop)
+            session.stepper = engine.generate(models, session.prompt, config, session.stop, session.memory)
         try:
             session.add(next(session.stepper))
         except ValueError as err:
@@ -251,7 +261,7 @@ def build_app(engine: Engine, prompts_dir: Path = ROOT / "assets" / "prompts") -
                                       info="Children per node at each depth, for the fixed-tree and chain methods.")
                     arms = gr.Textbox(label="Bandit arms", placeholder="e.g. 4; 2,2,1; 3,1,1",
                                       info="Tree shapes the bandit chooses from, separated by ';'.")
-                    lambda_ucb = gr.Slider(0.0, 3.0, value=1.0, step=0.1, label="λ_UCB",
+                    lambda_ucb = gr.Slider(0.0, 1.0, value=0.1, step=0.05, label="λ_UCB",
                                            info="Weight of exploration in the bandit's UCB score")
                     reward = gr.Radio([("paper: fewer target passes per token", "paper"),
                                        ("throughput: measured tokens/s", "throughput")], value="paper",

@@ -24,6 +24,7 @@ class Session:
     baseline: Summary | None = None  # compare mode: the same prompt decoded by the target alone
     stop: threading.Event = field(default_factory=threading.Event)
     stepper: Iterator | None = None  # step mode: the paused engine run, advanced one round per click
+    memory: dict = field(default_factory=dict)  # engine state kept across runs (the bandit), never shared
 
     def start(self, prompt: str, settings: dict) -> None:
         """Forget the previous run (closing a paused step run) and arm a fresh Stop event."""

@@ -35,6 +35,16 @@ class UCBBandit:
         self.scale = 0.0  # throughput: best round tokens/s seen so far
         self.last: tuple[int, float] | None = None
 
+    @classmethod
+    def for_config(cls, config) -> UCBBandit:
+        """A fresh bandit over a `GenerationConfig`'s arms and reward settings."""
+        return cls(config.shapes(), config.lambda_ucb, config.reward, config.lambda_gamma)
+
+    def matches(self, config) -> bool:
+        """Whether this bandit can go on learning for `config` (same arms, reward and λ's)."""
+        return ([a.name for a in self.arms] == [s.name for s in config.shapes()] and self.reward_kind == config.reward
+                and self.lambda_ucb == config.lambda_ucb and self.lambda_gamma == config.lambda_gamma)
+
     @property
     def _divisor(self) -> float:
         return self.scale if self.reward_kind == "throughput" and self.scale > 0 else 1.0

@@ -23,6 +23,7 @@ from pathlib import Path
 import psutil
 import torch
 
+from specdec.bandit import UCBBandit
 from specdec.config import METHODS, GenerationConfig
 from specdec.engine import encode_prompt, generate
 from specdec.models import Models
@@ -100,10 +101,10 @@ class Run:
     verify_ms: list[float] = field(default_factory=list)
 
 
-def run_engine(models: Models, prompt: str, config: GenerationConfig) -> Run:
+def run_engine(models: Models, prompt: str, config: GenerationConfig, bandit=None) -> Run:
     with PeakRSS() as rss:
         t0 = time.perf_counter()
-        events = list(generate(models, prompt, config))
+        events = list(generate(models, prompt, config, bandit=bandit))
         seconds = time.perf_counter() - t0
     rounds: list[RoundRecord] = events[:-1]
     summary: Summary = events[-1]
@@ -159,22 +160,29 @@ def _aggregate(runs: list[Run], ar_runs: list[Run] | None, greedy: bool, engine:
 
 
 def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_tokens: int, temperature: float = 0.0,
-              repeats: int = 1, seed: int = 0, lookup_tokens: int = 10, log=print) -> dict:
+              repeats: int = 1, seed: int = 0, lookup_tokens: int = 10, shared_bandit: bool = False,
+              log=print) -> dict:
+    """Run every method on every prompt; `shared_bandit` keeps one bandit per method across prompts."""
     parsed = [parse_method(m) for m in methods]
     if "ar" not in [base for base, _ in parsed]:
         methods, parsed = ["ar", *methods], [("ar", None), *parsed]
     greedy = temperature == 0.0
+    bandits: dict[str, UCBBandit] = {}
 
     def once(base: str, tree: str | None, prompt: str, n_new: int, run_seed: int) -> Run:
         config = GenerationConfig(method=base if base in METHODS else "ar", tree=tree, temperature=temperature,
                                   max_new_tokens=n_new, seed=run_seed).validate()
         if base in HF_METHODS:
             return run_hf(models, prompt, base, config, lookup_tokens)
-        return run_engine(models, prompt, config)
+        bandit = None
+        if shared_bandit and config.spec.policy == "ucb":
+            bandit = bandits.setdefault(f"{base}:{tree}", UCBBandit.for_config(config))
+        return run_engine(models, prompt, config, bandit)
 
     log(f"warm-up: {len(methods)} methods")
     for (base, tree) in parsed:  # loads every model and warms every code path
         once(base, tree, prompts[0]["prompt"], 8, seed)
+    bandits.clear()  # the warm-up teaches no bandit
     runs: dict[str, list[Run]] = {m: [] for m in methods}
     for rep in range(repeats):
         for i, item in enumerate(prompts):
@@ -195,6 +203,7 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
         "tf_drafter": models.specs["transformer"], "device": str(models.device),
         "dtype": str(models.dtype).removeprefix("torch."), "max_new_tokens": max_new_tokens,
         "temperature": temperature, "repeats": repeats, "prompts": len(prompts), "lookup_tokens": lookup_tokens,
+        "shared_bandit": shared_bandit,
         "torch_threads": torch.get_num_threads()}, "methods": results}
 
 

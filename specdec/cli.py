@@ -24,7 +24,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--lambda-ucb", type=float, default=1.0)
+    g.add_argument("--lambda-ucb", type=float, default=0.1)
     g.add_argument("--lambda-gamma", type=float, default=0.1)
     g.add_argument("--reward", default="paper", choices=["paper", "throughput"])
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
@@ -78,6 +78,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--limit", type=int, default=None, help="use the first N prompts, alternating kinds")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for hf-lookup")
+    b.add_argument("--shared-bandit", action="store_true", help="*-ucb methods keep one bandit across prompts")
     b.add_argument("--context-lengths", default=None, help="e.g. 256,1024,4096: drafter latency/memory study")
     b.add_argument("--out", default="results.json")
     b.add_argument("--csv", default=None)
@@ -109,7 +110,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise ValueError("max_new_tokens must be at least 1")
         prompts = bench.load_prompts(args.prompts, args.limit)
         result.update(bench.benchmark(models, prompts, methods, args.max_new_tokens, args.temperature, args.repeats,
-                                      args.seed, args.lookup_tokens, log=log))
+                                      args.seed, args.lookup_tokens, args.shared_bandit, log=log))
         print(bench.markdown_table(result))
         if args.csv:
             bench.write_csv(result, args.csv)

@@ -97,9 +97,13 @@ def _tree_nodes(tree: DraftTree, acc: Acceptance, p: torch.Tensor, tokenizer) ->
     return nodes
 
 
-def generate(models: Models, prompt: str, config: GenerationConfig,
-             stop: threading.Event | None = None, chat: bool = True) -> Iterator[RoundRecord | Summary]:
-    """Decode `prompt` with the configured method; yields a RoundRecord per round, then a Summary."""
+def generate(models: Models, prompt: str, config: GenerationConfig, stop: threading.Event | None = None,
+             chat: bool = True, bandit: UCBBandit | None = None) -> Iterator[RoundRecord | Summary]:
+    """Decode `prompt` with the configured method; yields a RoundRecord per round, then a Summary.
+
+    For `*-ucb` methods, pass a `bandit` (`UCBBandit.for_config(config)`) to keep learning across generations,
+    e.g. over one user's session; by default each generation starts a fresh one.
+    """
     config.validate()
     if not prompt or not prompt.strip():
         raise ValueError("the prompt is empty")
@@ -123,7 +127,12 @@ def generate(models: Models, prompt: str, config: GenerationConfig,
 
     drafter = make_drafter(models, kind)
     drafter_label = models.drafter(kind).name if kind in ("mamba", "transformer") else kind
-    bandit = UCBBandit(shapes, config.lambda_ucb, config.reward, config.lambda_gamma) if config.spec.policy == "ucb" else None
+    if config.spec.policy != "ucb":
+        bandit = None
+    elif bandit is None:
+        bandit = UCBBandit.for_config(config)
+    elif not bandit.matches(config):
+        raise ValueError("the bandit passed in was made for other arms or reward settings")
     generator = torch.Generator(device=device).manual_seed(config.seed)
     sampler = Sampler(config.temperature, config.top_p, generator)
     verifier = TreeLM(target.model)

@@ -37,7 +37,8 @@ def fake_engine(delay: float = 0.01) -> app.Engine:
     from specdec.config import GenerationConfig
 
     return app.Engine(make_config=lambda **kw: GenerationConfig(**kw).validate(), prepare=lambda config, progress: None,
-                      generate=lambda models, prompt, config, stop: fake_generate(models, prompt, config, stop, delay))
+                      generate=lambda models, prompt, config, stop, memory: fake_generate(models, prompt, config, stop,
+                                                                                         delay))
 
 
 @pytest.fixture(scope="module")

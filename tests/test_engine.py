@@ -189,3 +189,19 @@ def test_reduced_draft_head_from_the_drafter_folder(tiny_models, tmp_path, metho
     assert {n.token_id for r in rounds for n in r.nodes[1:]} <= {0, 2, 3}
     rounds, _ = run(models, method=method, tree="2,2", max_new_tokens=10, temperature=1.0)
     assert {n.token_id for r in rounds for n in r.nodes[1:]} <= {0, 2, 3}
+
+
+def test_a_bandit_passed_in_keeps_learning_across_generations(tiny_models):
+    from specdec.bandit import UCBBandit
+
+    config = GenerationConfig(method="mamba-ucb", arms="1; 2,1", max_new_tokens=10)
+    bandit = UCBBandit.for_config(config)
+    first = list(generate(tiny_models, PROMPT, config, chat=False, bandit=bandit))
+    pulls = sum(bandit.pulls)
+    assert pulls == first[-1].rounds
+    second = list(generate(tiny_models, PROMPT, config, chat=False, bandit=bandit))
+    assert sum(bandit.pulls) == pulls + second[-1].rounds
+    assert sum(a.pulls for a in second[0].bandit.arms) == pulls + 1
+    other = GenerationConfig(method="mamba-ucb", arms="3", max_new_tokens=10)
+    with pytest.raises(ValueError, match="other arms"):
+        next(generate(tiny_models, PROMPT, other, chat=False, bandit=bandit))
