@@ -18,7 +18,7 @@ class Method:
 
 
 # Default shapes are sized for a CPU, where verifying k nodes costs ~1 + k/16 target steps.
-DEFAULT_ARMS = "3; 5; 2,1,1,1; 2,2,1,1; 3,1,1"
+DEFAULT_ARMS = "2; 3; 5; 2,1,1,1; 3,1,1"
 
 METHODS: dict[str, Method] = {
     "ar": Method("none", "none", None, "target only: plain autoregressive decoding with the KV cache"),
