@@ -264,7 +264,6 @@ def context_study(models: Models, lengths: list[int], steps: int = 32, log=print
     """
     from specdec.drafters import MambaDrafter
     from specdec.drafters.base import load_draft_vocab
-    from specdec.drafters.mamba import MambaState
     from specdec.kvcache import TreeLM
 
     target = models.target
@@ -282,7 +281,7 @@ def context_study(models: Models, lengths: list[int], steps: int = 32, log=print
         tf_lm.reset()
         tf_lm.feed(context[:-1])
         tf_ms = _median_ms(lambda: _tf_step(tf_lm, context[-1]), steps, models.device)
-        row = {"context": length, "mamba_step_ms": mamba_ms, "mamba_state_bytes": MambaState(state.conv, state.ssm).nbytes,
+        row = {"context": length, "mamba_step_ms": mamba_ms, "mamba_state_bytes": state.nbytes,
                "tf_step_ms": tf_ms, "tf_kv_bytes": tf_lm.kv_bytes}
         log(f"context {length}: mamba {mamba_ms:.2f} ms / {row['mamba_state_bytes'] / 2**20:.2f} MiB, "
             f"transformer {tf_ms:.2f} ms / {row['tf_kv_bytes'] / 2**20:.2f} MiB")
@@ -321,12 +320,13 @@ def save_context_plot(study: dict, path: str) -> None:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    x = [r["context"] for r in study["rows"]]
+    rows = study["rows"]
+    x = [r["context"] for r in rows]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("drafter step latency (batch 1)", "drafter memory"))
-    fig.add_trace(go.Scatter(x=x, y=[r["mamba_step_ms"] for r in study["rows"]], name="Mamba step ms"), 1, 1)
-    fig.add_trace(go.Scatter(x=x, y=[r["tf_step_ms"] for r in study["rows"]], name="Transformer step ms"), 1, 1)
-    fig.add_trace(go.Scatter(x=x, y=[r["mamba_state_bytes"] / 2**20 for r in study["rows"]], name="Mamba state MiB"), 1, 2)
-    fig.add_trace(go.Scatter(x=x, y=[r["tf_kv_bytes"] / 2**20 for r in study["rows"]], name="Transformer KV MiB"), 1, 2)
+    fig.add_trace(go.Scatter(x=x, y=[r["mamba_step_ms"] for r in rows], name="Mamba step ms"), 1, 1)
+    fig.add_trace(go.Scatter(x=x, y=[r["tf_step_ms"] for r in rows], name="Transformer step ms"), 1, 1)
+    fig.add_trace(go.Scatter(x=x, y=[r["mamba_state_bytes"] / 2**20 for r in rows], name="Mamba state MiB"), 1, 2)
+    fig.add_trace(go.Scatter(x=x, y=[r["tf_kv_bytes"] / 2**20 for r in rows], name="Transformer KV MiB"), 1, 2)
     fig.update_xaxes(title_text="context tokens", type="log")
     fig.update_yaxes(title_text="ms", row=1, col=1)
     fig.update_yaxes(title_text="MiB", row=1, col=2)

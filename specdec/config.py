@@ -84,5 +84,6 @@ class GenerationConfig:
         if shape.depth == 0:
             raise ValueError("the tree shape must draft at least one token; use method 'ar' for target-only decoding")
         if spec.policy == "chain" and not shape.is_chain:
-            raise ValueError(f"method {self.method} drafts a chain; give a chain length such as '4' or use a *-tree method")
+            raise ValueError(f"method {self.method} drafts a chain; give a chain length such as '4' "
+                             "or use a *-tree method")
         return [shape]

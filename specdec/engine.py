@@ -92,8 +92,8 @@ def _tree_nodes(tree: DraftTree, acc: Acceptance, p: torch.Tensor, tokenizer) ->
     nodes = []
     for i, token in enumerate(tree.tokens):
         status = "root" if i == 0 else "accepted" if i in accepted else "rejected" if i in rejected else "not_reached"
-        nodes.append(TreeNode(i, token, tokenizer.decode([token]), parents[i], 0 if i == 0 else nodes[parents[i]].depth + 1,
-                              tree.q_tok[i], p_tok[i], status))
+        depth = 0 if i == 0 else nodes[parents[i]].depth + 1
+        nodes.append(TreeNode(i, token, tokenizer.decode([token]), parents[i], depth, tree.q_tok[i], p_tok[i], status))
     return nodes
 
 

@@ -215,11 +215,11 @@ class Models:
     def from_loaded(cls, target: LoadedModel, mamba: LoadedModel | None = None,
                     transformer: LoadedModel | None = None) -> Models:
         """Wrap models already in memory (tests, notebooks, the distillation pipeline)."""
-        models = cls(target.name, mamba.name if mamba else DEFAULT_MAMBA, transformer.name if transformer else DEFAULT_TF,
-                     device=str(target.device), dtype="auto")
+        models = cls(target.name, mamba.name if mamba else DEFAULT_MAMBA,
+                     transformer.name if transformer else DEFAULT_TF, device=str(target.device), dtype="auto")
         models.dtype = next(target.model.parameters()).dtype
-        models._loaded = {"target": target, **({"mamba": mamba} if mamba else {}),
-                          **({"transformer": transformer} if transformer else {})}
+        loaded = {"target": target, "mamba": mamba, "transformer": transformer}
+        models._loaded = {role: model for role, model in loaded.items() if model is not None}
         return models
 
     def load(self, progress: Callable[[str], None] | None = None) -> LoadedModel:

@@ -27,7 +27,8 @@ def tiny_models() -> Models:
 def self_draft_models(tiny_models) -> Models:
     """The target drafts for itself: under greedy decoding every drafted chain node is accepted."""
     target = tiny_models.target
-    return Models.from_loaded(target, tiny_models.drafter("mamba"), LoadedModel("self", target.model, target.tokenizer, "tiny"))
+    itself = LoadedModel("self", target.model, target.tokenizer, "tiny")
+    return Models.from_loaded(target, tiny_models.drafter("mamba"), itself)
 
 
 @pytest.fixture(scope="session")

@@ -7,30 +7,20 @@ Most tests drive the app in-process with `demo.fake` standing in for the engine 
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 import app
 from demo.fake import fake_generate
+from tests.app_process import free_port, running_app
 
 ROOT = Path(__file__).resolve().parent.parent
 ARGS = dict(method="mamba-ucb", temperature=0.0, max_new_tokens=24, seed=0, tree="", arms="", lambda_ucb=1.0,
             reward="paper")  # the order of the `generate` inputs
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fake_engine(delay: float = 0.01) -> app.Engine:
@@ -108,42 +98,14 @@ def test_flags_default_to_environment_variables(monkeypatch):
                                                                               "float32")
 
 
-def wait_until_up(url: str, proc: subprocess.Popen, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"app.py exited with code {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"app.py did not answer on {url} within {seconds} s")
-
-
 def test_real_app_streams_generate(tmp_path):
-    port = free_port()
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
-    log = (tmp_path / "app.log").open("w")
-    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port)], cwd=ROOT, env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
-    try:
-        url = f"http://127.0.0.1:{port}/"
-        wait_until_up(url, proc, 90)
+    with running_app(tmp_path / "app.log") as url:
         job = call(Client(url, verbose=False), "/generate", prompt="Name three colours.", max_new_tokens=16)
         final = job.result(timeout=300)
         outputs = job.outputs()
         assert len(outputs) >= 3  # the prompt at once, then tokens as they come, then the finished run
         assert "Done: " in final[0] and final[0].count('class="sd-tok"') >= 1
         assert 'class="sd-node"' in final[2]
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 def test_every_engine_method_has_a_label_in_the_app():

@@ -1,6 +1,6 @@
 """Drafters behind one interface: Mamba (batch-cache trees), a small Transformer, prompt lookup, none."""
 
-from specdec.drafters.base import DraftTree, Drafter, NoDrafter, Sampler
+from specdec.drafters.base import Drafter, DraftTree, NoDrafter, Sampler
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.mamba import MambaDrafter
 from specdec.drafters.transformer import TransformerDrafter

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.drafters.base import DraftTree, Drafter, Sampler
+from specdec.drafters.base import Drafter, DraftTree, Sampler
 from specdec.tree import TreeShape
 
 

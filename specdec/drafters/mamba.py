@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from transformers import MambaForCausalLM
 
-from specdec.drafters.base import DraftTree, Drafter, Sampler, TreeBuilder, fit_vocab, load_draft_vocab, scatter_head
+from specdec.drafters.base import Drafter, DraftTree, Sampler, TreeBuilder, fit_vocab, load_draft_vocab, scatter_head
 from specdec.tree import TreeShape
 
 try:  # GPU kernels; absent (or failing to import) without CUDA

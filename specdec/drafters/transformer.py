@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from specdec.drafters.base import DraftTree, Drafter, Sampler, TreeBuilder, fit_vocab, load_draft_vocab
+from specdec.drafters.base import Drafter, DraftTree, Sampler, TreeBuilder, fit_vocab, load_draft_vocab
 from specdec.kvcache import TreeLM
 from specdec.tree import TreeShape
 
