@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,7 @@ PRESETS: dict[str, Preset] = {
     "random-tf": Preset("tiny random Llama with the target's vocabulary (tests and demos only)", random="llama"),
 }
 
+ATTENTION_FREE = {"mamba", "mamba2"}  # model types that take no attn_implementation
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
@@ -125,8 +126,11 @@ def build_random_model(kind: str, vocab_size: int, seed: int = 0) -> PreTrainedM
 
 def _from_pretrained(source: str, gguf_file: str | None, dtype: torch.dtype) -> tuple[PreTrainedModel, object]:
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="sdpa",
-                                                 trust_remote_code=False, **kwargs)
+    config = AutoConfig.from_pretrained(source, trust_remote_code=False, **kwargs)
+    if config.model_type not in ATTENTION_FREE:  # the tree mask is a float mask, which sdpa and eager both take
+        kwargs["attn_implementation"] = "sdpa"
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=False, **kwargs)
+    kwargs.pop("attn_implementation", None)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **kwargs)
     except (OSError, ValueError, TypeError):

@@ -1,0 +1,127 @@
+"""`python -m specdec.distill STAGE ...`: the drafter pipeline, one resumable stage at a time, or `all`.
+
+Stages: corpus -> teacher -> train -> evaluate -> export. Data goes under `--data` (default `data/distill`,
+git-ignored); each stage skips what is already on disk, so rerunning a stopped command continues it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from specdec.models import ASSETS, DEFAULT_TARGET, load_model
+
+
+def _target(args: argparse.Namespace, dtype: str):
+    return load_model(args.target, torch.device("cpu"), getattr(torch, dtype))
+
+
+def stage_corpus(args: argparse.Namespace) -> None:
+    from specdec.distill.corpus import write_corpus
+
+    folder = write_corpus(args.data, args.prompts_per_domain, args.eval_per_domain, args.text_chars, args.seed)
+    print(f"corpus in {folder}")
+
+
+def stage_teacher(args: argparse.Namespace) -> None:
+    from specdec.distill import teacher
+
+    target = _target(args, args.teacher_dtype)
+    corpus, out = args.data / "corpus", args.data / "teacher"
+    common = dict(batch_size=args.batch_size, shard_prompts=args.shard_prompts, max_new_tokens=args.max_new_tokens,
+                  k=args.topk)
+    teacher.generate_responses(target.model, target.tokenizer, corpus, out, "eval", **common)
+    teacher.generate_responses(target.model, target.tokenizer, corpus, out, "train", minutes=args.response_minutes,
+                               max_shards=args.response_shards, **common)
+    teacher.label_text(target.model, target.tokenizer, corpus, out, args.window, args.label_batch,
+                       args.shard_windows, args.topk, minutes=args.text_minutes, max_shards=args.text_shards)
+    print(json.dumps(teacher.summarize(out), indent=1))
+
+
+def stage_train(args: argparse.Namespace) -> None:
+    from specdec.distill.train import TrainConfig, train
+
+    config = TrainConfig(arch=args.arch, minutes=args.minutes, max_tokens=args.max_tokens, seq_len=args.seq_len,
+                         batch_size=args.train_batch, lr=args.lr, draft_vocab=args.draft_vocab, seed=args.seed,
+                         eval_every=args.eval_every, threads=args.threads)
+    run = args.data / "runs" / args.name
+    if (run / "ckpt.pt").exists():  # resume: E was used on the fresh run only
+        train(args.data / "teacher", run, config, None, json.loads((run / "train_config.json").read_text())["vocab_size"])
+        return
+    embedding = _target(args, "float32").model.get_input_embeddings().weight.detach().float()
+    train(args.data / "teacher", run, config, embedding, len(embedding))
+
+
+def stage_evaluate(args: argparse.Namespace) -> None:
+    from specdec.distill.evaluate import evaluate
+
+    report = evaluate(_target(args, "float32"), args.data / "teacher", args.data / "runs" / args.name,
+                      args.engine_prompts, args.max_new_tokens_eval)
+    print(json.dumps(report, indent=1))
+
+
+def stage_export(args: argparse.Namespace) -> None:
+    from specdec.distill.export import export
+
+    folder = export(args.data / "runs" / args.name, args.out or ASSETS / "drafters" / args.name,
+                    _target(args, "float32").tokenizer, args.data / "teacher")
+    print(f"exported to {folder}")
+
+
+def stage_all(args: argparse.Namespace) -> None:
+    for stage in (stage_corpus, stage_teacher, stage_train, stage_evaluate, stage_export):
+        stage(args)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m specdec.distill", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("stage", choices=["corpus", "teacher", "train", "evaluate", "export", "all"])
+    p.add_argument("--target", default=DEFAULT_TARGET, help="target preset, folder, .gguf or hub id")
+    p.add_argument("--data", type=Path, default=Path("data/distill"), help="working folder (resumable)")
+    p.add_argument("--seed", type=int, default=0)
+    corpus = p.add_argument_group("corpus")
+    corpus.add_argument("--prompts-per-domain", type=int, default=1500)
+    corpus.add_argument("--eval-per-domain", type=int, default=16)
+    corpus.add_argument("--text-chars", type=int, default=4_000_000, help="raw text to label, in characters")
+    teacher = p.add_argument_group("teacher")
+    teacher.add_argument("--teacher-dtype", default="bfloat16")
+    teacher.add_argument("--batch-size", type=int, default=32)
+    teacher.add_argument("--shard-prompts", type=int, default=64)
+    teacher.add_argument("--max-new-tokens", type=int, default=128)
+    teacher.add_argument("--topk", type=int, default=8)
+    teacher.add_argument("--window", type=int, default=256)
+    teacher.add_argument("--label-batch", type=int, default=8)
+    teacher.add_argument("--shard-windows", type=int, default=64)
+    teacher.add_argument("--response-shards", type=int, default=None, help="stop after this many answer shards")
+    teacher.add_argument("--text-shards", type=int, default=None, help="stop after this many text shards")
+    teacher.add_argument("--response-minutes", type=float, default=None, help="stop generating after this long")
+    teacher.add_argument("--text-minutes", type=float, default=None, help="stop labelling text after this long")
+    train = p.add_argument_group("train / evaluate / export")
+    train.add_argument("--arch", choices=["mamba", "transformer"], default="mamba")
+    train.add_argument("--name", default="mamba-smollm2", help="run name; export folder assets/drafters/NAME")
+    train.add_argument("--minutes", type=float, default=60.0, help="training wall-time budget")
+    train.add_argument("--max-tokens", type=int, default=None, help="training token budget")
+    train.add_argument("--seq-len", type=int, default=256)
+    train.add_argument("--train-batch", type=int, default=16)
+    train.add_argument("--lr", type=float, default=2e-3)
+    train.add_argument("--draft-vocab", type=int, default=8192, help="reduced draft head size (0 = full)")
+    train.add_argument("--eval-every", type=int, default=200, help="steps between held-out checks and checkpoints")
+    train.add_argument("--threads", type=int, default=None)
+    train.add_argument("--engine-prompts", type=int, default=2, help="held-out prompts per domain run through the engine")
+    train.add_argument("--max-new-tokens-eval", type=int, default=48)
+    train.add_argument("--out", type=Path, default=None, help="export folder (default assets/drafters/NAME)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    {"corpus": stage_corpus, "teacher": stage_teacher, "train": stage_train, "evaluate": stage_evaluate,
+     "export": stage_export, "all": stage_all}[args.stage](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,276 @@
+"""Stage (a): an instruction corpus and a raw-text corpus, built offline and reproducibly.
+
+Prompts come from written templates filled by a seeded RNG, in four domains (code, math, chat, summary);
+code snippets and prose passages are cut from the Python standard library that every install carries
+(its sources, its docstrings and `pydoc_data.topics`, the language reference). Raw text from the same
+place is labelled later with one target forward pass (cheap soft labels, see `teacher.label_text`).
+
+Every prompt has a `split`: "train" or "eval"; eval prompts are never used for training.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import random
+import sysconfig
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+DOMAINS = ("code", "math", "chat", "summary")
+
+CODE_TASKS = [
+    "reverses a string", "checks whether a number is prime", "returns the n-th Fibonacci number",
+    "merges two sorted lists", "counts the words in a sentence", "removes duplicates from a list while keeping order",
+    "finds the largest element of a list", "converts Celsius to Fahrenheit", "checks whether a string is a palindrome",
+    "flattens a nested list", "computes the factorial of n", "sorts a list of dictionaries by a key",
+    "reads a CSV file and returns its rows", "counts the vowels in a string", "computes the average of a list",
+    "finds the greatest common divisor of two numbers", "transposes a matrix", "groups words by their first letter",
+    "returns the second largest number in a list", "validates an email address with a regular expression",
+    "implements binary search", "implements bubble sort", "implements a stack class", "implements a queue with two stacks",
+    "parses a date string", "computes the running sum of a list", "finds all anagrams of a word in a list",
+    "capitalizes every word in a sentence", "checks whether two strings are anagrams", "rotates a list by k positions",
+    "returns the most common element of a list", "splits a list into chunks of size n", "computes a dot product",
+    "converts a decimal number to binary", "counts lines in a text file", "finds the intersection of two lists",
+    "generates all permutations of a string", "computes the power set of a set", "checks balanced parentheses",
+    "implements a simple LRU cache", "downloads nothing but simulates a retry loop", "computes the median of a list",
+    "converts a Roman numeral to an integer", "finds the longest common prefix of strings", "fizzbuzz up to n",
+    "computes the sum of digits of a number", "removes whitespace from both ends of every line", "zips two lists into a dict",
+    "implements a linked list with insert and delete", "computes the Levenshtein distance between two strings",
+]
+CODE_LANGS = ["Python", "Python", "Python", "JavaScript", "C", "Java", "Rust", "Go", "Bash"]
+CODE_TEMPLATES = [
+    "Write a {lang} function that {task}.",
+    "Show me how to write a {lang} program that {task}.",
+    "Can you write {lang} code that {task}? Add comments.",
+    "Write a function in {lang} that {task}, and give an example of calling it.",
+]
+CODE_SNIPPET_TEMPLATES = [
+    "Explain what the following Python code does:\n\n```python\n{code}\n```",
+    "Add a docstring to this Python function:\n\n```python\n{code}\n```",
+    "Review this Python code and suggest improvements:\n\n```python\n{code}\n```",
+]
+
+CHAT_TOPICS = [
+    "photosynthesis", "black holes", "the water cycle", "climate change", "the French Revolution", "machine learning",
+    "the immune system", "inflation", "volcanoes", "the internet", "democracy", "DNA", "gravity", "the Roman Empire",
+    "renewable energy", "sleep", "coffee", "the stock market", "electric cars", "meditation", "the Moon",
+    "vaccines", "earthquakes", "bees", "the printing press", "rainbows", "batteries", "clouds", "recycling",
+    "the human heart", "social media", "chess", "jazz music", "the Olympic Games", "tea", "deserts", "whales",
+    "solar panels", "blockchain", "the Great Wall of China", "antibiotics", "time zones", "the periodic table",
+]
+CHAT_ACTIVITIES = [
+    "learning a new language", "staying productive at home", "saving money", "running a first marathon",
+    "cooking for a family", "studying for exams", "starting a vegetable garden", "sleeping better", "public speaking",
+    "writing a resume", "traveling on a budget", "keeping a houseplant alive", "learning to code", "reducing stress",
+    "making new friends in a new city", "training a puppy", "preparing for a job interview", "reading more books",
+]
+CHAT_FORMS = ["poem", "story", "haiku", "limerick", "dialogue", "product description", "email", "tweet"]
+CHAT_TEMPLATES = [
+    "What is {topic}?", "Explain {topic} to a ten-year-old.", "Tell me three interesting facts about {topic}.",
+    "What are the pros and cons of {topic}?", "Give me {n} tips for {activity}.", "How do I get better at {activity}?",
+    "Write a short {form} about {topic}.", "Hi! Can you help me with {activity}?", "Why is {topic} important?",
+    "Compare {topic} and {topic2}.", "Write a friendly email inviting a colleague to talk about {topic}.",
+]
+
+MATH_TEMPLATES = [
+    "A shop sells {item} for ${p} each. How much do {a} {item} cost?",
+    "{name} has {a} {item} and gives away {b}. Then {name} buys {c} more. How many {item} does {name} have now?",
+    "Solve for x: {a}x + {b} = {c}.",
+    "What is {a} multiplied by {b}?",
+    "What is {a}% of {c}?",
+    "A train travels {a} km in {b} hours. What is its average speed?",
+    "A rectangle is {a} cm long and {b} cm wide. What are its area and perimeter?",
+    "Simplify the fraction {a}/{c}.",
+    "{name} reads {a} pages a day. How many days does a {c}-page book take?",
+    "What is the sum of the integers from 1 to {c}?",
+    "Is {c} a prime number? Explain.",
+    "Compute {a} + {b} * {p} - {c} step by step.",
+]
+MATH_ITEMS = ["apples", "pencils", "books", "tickets", "cookies", "marbles", "stickers", "oranges"]
+NAMES = ["Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Gus", "Hana", "Ivan", "Jade", "Kofi", "Lena"]
+
+SUMMARY_TEMPLATES = [
+    "Summarize the following text in two sentences:\n\n{text}",
+    "Give a short title and a one-paragraph summary of this text:\n\n{text}",
+    "What are the key points of the following passage?\n\n{text}",
+    "Explain this passage in simple words:\n\n{text}",
+]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    domain: str
+    split: str  # "train" | "eval"
+    text: str
+
+
+def stdlib_dir() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+@functools.cache
+def _stdlib_files() -> tuple[Path, ...]:
+    root = stdlib_dir()
+    skip = ("test", "idlelib", "lib2to3", "site-packages", "turtledemo", "ensurepip", "tkinter", "pydoc_data")
+    return tuple(sorted(p for p in root.rglob("*.py") if not any(part in skip for part in p.relative_to(root).parts)))
+
+
+@functools.cache
+def _parse(path: Path) -> tuple[str, ast.Module | None]:
+    source = path.read_text(encoding="utf-8", errors="replace")
+    try:
+        return source, ast.parse(source)
+    except SyntaxError:
+        return source, None
+
+
+def _functions(path: Path, max_lines: int = 18) -> Iterator[str]:
+    """Short top-level or method function definitions of one source file, as source text."""
+    source, tree = _parse(path)
+    if tree is None:
+        return
+    lines = source.splitlines()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and 4 <= node.end_lineno - node.lineno + 1 <= max_lines:
+            body = lines[node.lineno - 1:node.end_lineno]
+            indent = len(body[0]) - len(body[0].lstrip())
+            yield "\n".join(line[indent:] for line in body)
+
+
+def _prose_documents() -> list[tuple[str, str]]:
+    """(source key, text): the language reference topics and the module docstrings of the standard library."""
+    from pydoc_data.topics import topics
+
+    docs = [(f"topic:{key}", topics[key]) for key in sorted(topics)]
+    for path in _stdlib_files():
+        tree = _parse(path)[1]
+        doc = ast.get_docstring(tree) if tree is not None else None
+        if doc:
+            docs.append((str(path.relative_to(stdlib_dir())), doc))
+    return docs
+
+
+def _passages(docs: list[tuple[str, str]], min_chars: int = 300, max_chars: int = 800) -> list[tuple[str, str]]:
+    """(source key, passage) pieces of prose documents, short enough to sit in a prompt."""
+    passages = []
+    for key, doc in docs:
+        for para in doc.split("\n\n\n") if len(doc) > max_chars else [doc]:
+            para = para.strip()
+            if min_chars <= len(para):
+                passages.append((key, para[:max_chars]))
+    return passages
+
+
+def held_out(key: str, every: int = 8) -> bool:
+    """Whether a source (file or topic) is reserved for eval prompts: never in training prompts or text."""
+    return zlib.crc32(key.encode()) % every == 0
+
+
+def _math_prompt(rng: random.Random) -> str:
+    a, b, c = rng.randint(2, 60), rng.randint(2, 40), rng.randint(10, 400)
+    return rng.choice(MATH_TEMPLATES).format(a=a, b=b, c=c, p=rng.randint(2, 15), item=rng.choice(MATH_ITEMS),
+                                             name=rng.choice(NAMES))
+
+
+def _chat_prompt(rng: random.Random) -> str:
+    topic, topic2 = rng.sample(CHAT_TOPICS, 2)
+    return rng.choice(CHAT_TEMPLATES).format(topic=topic, topic2=topic2, activity=rng.choice(CHAT_ACTIVITIES),
+                                             form=rng.choice(CHAT_FORMS), n=rng.randint(3, 7))
+
+
+def _code_prompt(rng: random.Random, snippets: list[str]) -> str:
+    if rng.random() < 0.6:
+        return rng.choice(CODE_TEMPLATES).format(lang=rng.choice(CODE_LANGS), task=rng.choice(CODE_TASKS))
+    return rng.choice(CODE_SNIPPET_TEMPLATES).format(code=rng.choice(snippets))
+
+
+def _unique(make: Callable[[], str], n: int) -> list[str]:
+    seen: set[str] = set()
+    for _ in range(n * 20):
+        if len(seen) == n:
+            break
+        seen.add(make())
+    return sorted(seen)
+
+
+def build_prompts(per_domain: int, eval_per_domain: int, seed: int = 0) -> list[Prompt]:
+    """`per_domain` training prompts and `eval_per_domain` held-out prompts in each domain.
+
+    Eval prompts never occur in training; their code snippets and passages come from held-out sources only.
+    """
+    rng = random.Random(seed)
+    snippets = {split: [] for split in ("train", "eval")}
+    for path in _stdlib_files():
+        split = "eval" if held_out(str(path.relative_to(stdlib_dir()))) else "train"
+        snippets[split].extend(_functions(path))
+    passages = {split: [] for split in ("train", "eval")}
+    for key, passage in _passages(_prose_documents()):
+        passages["eval" if held_out(key) else "train"].append(passage)
+    prompts = []
+    for domain in DOMAINS:
+        makers = {
+            "code": lambda split: _code_prompt(rng, snippets[split]),
+            "math": lambda split: _math_prompt(rng),
+            "chat": lambda split: _chat_prompt(rng),
+            "summary": lambda split: rng.choice(SUMMARY_TEMPLATES).format(text=rng.choice(passages[split])),
+        }
+        evals = _unique(lambda: makers[domain]("eval"), eval_per_domain)
+        trains = [t for t in _unique(lambda: makers[domain]("train"), per_domain) if t not in set(evals)]
+        rng.shuffle(trains)
+        prompts += [Prompt(f"{domain}-eval-{i:04d}", domain, "eval", t) for i, t in enumerate(evals)]
+        prompts += [Prompt(f"{domain}-{i:05d}", domain, "train", t) for i, t in enumerate(trains)]
+    return prompts
+
+
+def build_text_documents(max_chars: int, seed: int = 0) -> list[dict]:
+    """Raw documents for soft-label distillation: standard-library source files (code) and prose passages."""
+    rng = random.Random(seed + 1)
+    root = stdlib_dir()
+    code = [{"domain": "code", "text": _parse(p)[0]} for p in _stdlib_files()
+            if not held_out(str(p.relative_to(root)))]
+    prose = [{"domain": "prose", "text": text} for key, text in _prose_documents() if not held_out(key)]
+    docs = code + prose
+    rng.shuffle(docs)
+    kept, total = [], 0
+    for doc in docs:
+        if total >= max_chars:
+            break
+        text = doc["text"][: max_chars - total]
+        kept.append({"domain": doc["domain"], "text": text})
+        total += len(text)
+    return kept
+
+
+def write_corpus(out: Path, per_domain: int, eval_per_domain: int, text_chars: int, seed: int = 0) -> Path:
+    """Write `prompts.jsonl` and `text.jsonl` under `out/corpus/` (skipped when already there)."""
+    folder = out / "corpus"
+    done = folder / "done.json"
+    if done.exists():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    prompts = build_prompts(per_domain, eval_per_domain, seed)
+    with open(folder / "prompts.jsonl", "w") as f:
+        for prompt in prompts:
+            f.write(json.dumps(asdict(prompt)) + "\n")
+    with open(folder / "text.jsonl", "w") as f:
+        for doc in build_text_documents(text_chars, seed):
+            f.write(json.dumps(doc) + "\n")
+    done.write_text(json.dumps({"prompts": len(prompts), "per_domain": per_domain, "eval_per_domain": eval_per_domain,
+                                "text_chars": text_chars, "seed": seed}))
+    return folder
+
+
+def read_prompts(folder: Path, split: str | None = None) -> list[Prompt]:
+    with open(folder / "prompts.jsonl") as f:
+        prompts = [Prompt(**json.loads(line)) for line in f]
+    return [p for p in prompts if split is None or p.split == split]
+
+
+def read_documents(folder: Path) -> list[dict]:
+    with open(folder / "text.jsonl") as f:
+        return [json.loads(line) for line in f]

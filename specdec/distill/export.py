@@ -1,0 +1,136 @@
+"""Stage (e): a trained run as a Hugging Face folder (`from_pretrained`-loadable) with a model card.
+
+The folder holds `config.json` + `model.safetensors` (bfloat16, tied embedding), the target's tokenizer files
+(so the engine's vocabulary check passes) and `draft_vocab.json` = {"token_ids": V_d}: the ids the draft head
+scores; the engine sets q = 0 elsewhere, which keeps speculative sampling exact.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from specdec.distill.corpus import DOMAINS
+from specdec.distill.train import load_run
+
+
+def save_drafter(model: PreTrainedModel, draft_ids: torch.Tensor, tokenizer: PreTrainedTokenizerBase | None,
+                 folder: Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Write the drafter in `dtype` (bf16 halves the folder; the engine casts to its run dtype)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    model.to(dtype).save_pretrained(folder)
+    model.float()
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    (folder / "draft_vocab.json").write_text(json.dumps({"token_ids": draft_ids.tolist()}))
+    return folder
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _curve_table(run: Path) -> str:
+    rows = ["| step | labelled tokens seen (with repeats) | wall min | train loss | held-out acceptance | per domain |",
+            "|---:|---:|---:|---:|---:|---|"]
+    for line in (run / "curve.jsonl").read_text().splitlines():
+        point = json.loads(line)
+        acc = point["acceptance"]
+        domains = ", ".join(f"{d} {v:.3f}" for d, v in acc.items() if d != "all")
+        rows.append(f"| {point['step']} | {point['labelled']:,} | {point['wall_s'] / 60:.1f} | {point['loss']:.3f} "
+                    f"| {acc.get('all', float('nan')):.3f} | {domains} |")
+    return "\n".join(rows)
+
+
+def _measured_table(report: dict) -> str:
+    rows = ["| measure | value |", "|---|---|"]
+    tf = report["teacher_forced"]
+    rows.append(f"| greedy per-token acceptance, teacher-forced on held-out answers | {tf['all']:.3f} "
+                f"({', '.join(f'{d} {v:.3f}' for d, v in tf.items() if d != 'all')}) |")
+    rows.append(f"| draft-vocabulary coverage of the target's greedy tokens (upper bound) | {report['coverage']:.3f} |")
+    engine = report.get("engine")
+    if engine:
+        rows.append(f"| engine `{engine['method']}` tree {engine['tree']}, greedy: acceptance rate | "
+                    f"{engine['acceptance_rate']:.3f} ({', '.join(f'{d} {v:.3f}' for d, v in engine['by_domain'].items())}) |")
+        rows.append(f"| engine: mean accepted length (tokens per round, incl. the target's) | "
+                    f"{engine['mean_accepted_len']:.2f} |")
+        rows.append(f"| engine: tokens/s SD vs target alone (fp32, this CPU) | {engine['sd_tokens_per_s']:.1f} vs "
+                    f"{engine['ar_tokens_per_s']:.1f} (x{engine['speedup']:.2f}); greedy outputs identical: "
+                    f"{engine['identical']} |")
+    lat = report["latency_ms"]
+    rows.append(f"| step latency, batch 1: drafter fp32 / bf16 vs target fp32 | {lat['drafter_fp32']:.2f} / "
+                f"{lat['drafter_bf16']:.2f} ms vs {lat['target_fp32']:.2f} ms (ratio {lat['ratio_fp32']:.3f}) |")
+    return "\n".join(rows)
+
+
+def model_card(name: str, run: Path, report: dict, counters: dict, teacher_summary: dict, size: int,
+               params: int) -> str:
+    """A short card: data, tokens, steps, wall time, measured acceptance and the learning curve."""
+    config = counters["config"]
+    arch = "Mamba" if config["arch"] == "mamba" else "Llama-style Transformer"
+    layers = config["mamba_layers"] if config["arch"] == "mamba" else config["tf_layers"]
+    data = "\n".join(f"- `{k}`: {v['labelled_tokens']:,} labelled tokens in {v['shards']} shards"
+                     + (f" ({v['answer_tokens']:,} in the target's answers, the rest in prompts)"
+                        if k.startswith("responses") else "") for k, v in teacher_summary.items())
+    unique = sum(v["labelled_tokens"] for k, v in teacher_summary.items() if k != "responses/eval")
+    acceptance = report["teacher_forced"]["all"]
+    status = ("meets" if acceptance >= 0.7 else "is below") + " the project's figure of 0.70 greedy acceptance"
+    engine = report.get("engine") or {}
+    return f"""# {name}
+
+A {arch} drafter ({params / 1e6:.1f}M parameters: d_model {config['hidden']}, {layers} layers, tied embedding
+initialised from an SVD projection of the target's) distilled from **SmolLM2-135M-Instruct** for speculative
+decoding with the `specdec` engine. The draft head scores {len(json.loads((run / 'draft_vocab.json').read_text())['token_ids']):,}
+token ids (`draft_vocab.json`, the target's most frequent greedy tokens); q is 0 elsewhere.
+Weights in bfloat16 ({size / 2**20:.1f} MiB folder).
+
+## Data (teacher: the target itself, bf16, greedy, top-{config.get('topk', 8)} log-probabilities)
+{data}
+
+Prompts are written templates in four domains (code, math, chat, summary) with snippets and passages from the
+Python standard library; raw text is standard-library source and documentation labelled with one target pass.
+Held-out prompts (16 per domain) and their sources never appear in training.
+
+## Training
+Loss H(p, q) on the target's top-k (restricted to the draft vocabulary), AdamW, lr {config['lr']}, batch
+{config['batch_size']} x {config['seq_len']} tokens ({config['response_share']:.0%} target answers, the rest labelled text),
+on {config.get('threads') or 'all'} CPU thread(s) of a 2-core machine shared with other jobs.
+Budget: {config['minutes']} min / {config['max_tokens'] or 'no'} token cap.
+Spent: {counters['step']:,} steps, {counters['tokens']:,} window tokens ({counters['labelled']:,} labelled),
+{counters['wall_s'] / 60:.1f} min of training wall time: {counters['labelled'] / unique:.1f} passes over the
+{unique:,} unique labelled training tokens.
+
+## Status
+Held-out greedy acceptance {acceptance:.3f} {status}. The learning curve below flattens while the training
+loss keeps falling: the run is short of teacher data ({unique:,} unique tokens), not of steps.
+
+## Measured (held-out prompts)
+{_measured_table(report)}
+
+## Learning curve (held-out greedy acceptance vs teacher tokens seen)
+{_curve_table(run)}
+
+## Reproduce
+```
+python -m specdec.distill corpus
+python -m specdec.distill teacher --response-shards {teacher_summary['responses/train']['shards']} --text-shards {teacher_summary.get('text', {}).get('shards', 0)}
+python -m specdec.distill train --arch {config['arch']} --name {name} --minutes {config['minutes']}{f" --max-tokens {config['max_tokens']}" if config['max_tokens'] else ''} --draft-vocab {config['draft_vocab']} --eval-every {config['eval_every']}{f" --threads {config['threads']}" if config['threads'] else ''}
+python -m specdec.distill evaluate --name {name} --engine-prompts {engine.get('prompts', 0) // len(DOMAINS)} --max-new-tokens-eval {engine.get('max_new_tokens', 0)}
+python -m specdec.distill export --name {name}
+```
+"""
+
+
+def export(run: Path, folder: Path, tokenizer: PreTrainedTokenizerBase | None, teacher: Path) -> Path:
+    """Write the run's drafter and its card into `folder` (e.g. assets/drafters/<name>)."""
+    model, draft_ids, counters = load_run(run)
+    params = sum(p.numel() for p in model.parameters())
+    save_drafter(model, draft_ids, tokenizer, folder)
+    report = json.loads((run / "eval.json").read_text())
+    summary = json.loads((teacher / "teacher_summary.json").read_text())
+    card = model_card(folder.name, run, report, counters, summary, folder_bytes(folder), params)
+    (folder / "README.md").write_text(card)
+    return folder

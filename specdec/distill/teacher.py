@@ -1,0 +1,229 @@
+"""Stage (b): teacher data, kept as token-id shards with the target's top-k log-probabilities.
+
+Two sources, both written as the same `Shard` layout so training reads them alike:
+- `generate_responses`: the target's own greedy answers to the corpus prompts (batched generation, chat template);
+  only answer positions carry labels, so the drafter learns `p` exactly where it will draft;
+- `label_text`: raw text labelled with one target forward pass (~5x cheaper per token than generating).
+
+Shard layout (flat over the shard's sequences; position t holds `p(· | tokens[:t+1])`, the next-token law):
+  tokens [N] int32, label [N] bool (answer positions, where drafting happens), known [N] bool (positions with a
+  top-k: answers, and prompts labelled by the prefill), topk_ids [N, k] int32, topk_logp [N, k] float16,
+  starts [S+1] int64, domains [S] (one per sequence), split "train" | "eval".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from specdec.distill.corpus import DOMAINS, Prompt, read_documents, read_prompts
+
+Shard = dict
+
+
+def top_k_logp(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k ids and log p of logits [..., V] -> ([..., k] int32, [..., k] float16)."""
+    values, ids = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)
+    return ids.to(torch.int32), values.to(torch.float16)
+
+
+def save_shard(path: Path, shard: Shard) -> None:
+    """Atomic write, so a stopped run never leaves half a shard behind."""
+    tmp = path.with_suffix(".tmp")
+    torch.save(shard, tmp)
+    os.replace(tmp, path)
+
+
+def load_shards(folder: Path) -> list[Shard]:
+    return [torch.load(p, weights_only=False) for p in sorted(folder.glob("shard_*.pt"))]
+
+
+def _pack(sequences: list[dict], split: str, k: int) -> Shard:
+    """Concatenate per-sequence dicts (tokens, label, topk_ids, topk_logp, domain) into one flat shard."""
+    lengths = [len(s["tokens"]) for s in sequences]
+    return {
+        "tokens": torch.cat([s["tokens"] for s in sequences]).to(torch.int32),
+        "label": torch.cat([s["label"] for s in sequences]),
+        "known": torch.cat([s["known"] for s in sequences]),
+        "topk_ids": torch.cat([s["topk_ids"] for s in sequences]).reshape(-1, k),
+        "topk_logp": torch.cat([s["topk_logp"] for s in sequences]).reshape(-1, k),
+        "starts": torch.tensor([0] + lengths).cumsum(0),
+        "domains": [s["domain"] for s in sequences],
+        "split": split,
+    }
+
+
+def chat_ids(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
+    messages = [{"role": "user", "content": prompt}]
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
+
+
+@torch.inference_mode()
+def greedy_decode(model: PreTrainedModel, input_ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, k: int,
+                  eos: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Batched greedy decoding of left-padded prompts [B, P] with a KV cache.
+
+    Returns the prompt's top-k (from the prefill pass: free labels) [B, P, k] twice, and the answer's [B, T, k]
+    twice (ids, log p); the greedy answer token at step t is ids[:, t, 0].
+    """
+    cache = DynamicCache(config=model.config)
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)  # [B, P]
+    logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache,
+                   use_cache=True).logits  # [B, P, V]
+    prompt_ids, prompt_logp = zip(*(top_k_logp(row, k) for row in logits))  # row by row: bounded memory
+    steps, last = [], logits[:, -1]  # [B, V]
+    done = torch.zeros(len(input_ids), dtype=torch.bool)
+    for _ in range(max_new_tokens):
+        ids, logp = top_k_logp(last, k)  # [B, k]
+        steps.append((ids, logp))
+        token = ids[:, 0].long().masked_fill(done, eos)  # [B]
+        done |= token == eos
+        if done.all():
+            break
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        positions = positions[:, -1:] + 1
+        last = model(input_ids=token[:, None], attention_mask=mask, position_ids=positions, cache=cache,
+                     use_cache=True).logits[:, -1]
+    answer_ids = torch.stack([ids for ids, _ in steps], dim=1)  # [B, T, k]
+    answer_logp = torch.stack([logp for _, logp in steps], dim=1)  # [B, T, k]
+    return torch.stack(prompt_ids), torch.stack(prompt_logp), answer_ids, answer_logp
+
+
+def generate_batch(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt],
+                   max_new_tokens: int, k: int) -> list[dict]:
+    """Greedy answers of the target to a batch of prompts, with top-k log p at each position.
+
+    `label` marks answer positions (where the drafter will draft); `known` adds the prompt positions, whose
+    top-k comes free from the prefill pass (the target's law on user text).
+    """
+    eos = tokenizer.eos_token_id
+    prompt_ids = [chat_ids(tokenizer, p.text) for p in prompts]
+    width = max(map(len, prompt_ids))
+    input_ids = torch.full((len(prompts), width), eos, dtype=torch.long)
+    mask = torch.zeros_like(input_ids)
+    for row, ids in enumerate(prompt_ids):  # left padding
+        input_ids[row, width - len(ids):] = torch.tensor(ids)
+        mask[row, width - len(ids):] = 1
+    p_ids, p_logp, a_ids, a_logp = greedy_decode(model, input_ids, mask, max_new_tokens, k, eos)
+    sequences = []
+    for row, (prompt, ids) in enumerate(zip(prompts, prompt_ids)):
+        answer = a_ids[row, :, 0].tolist()
+        n = answer.index(eos) + 1 if eos in answer else len(answer)
+        p = len(ids)
+        tokens = torch.tensor(ids + answer[:n])
+        label = torch.zeros(len(tokens), dtype=torch.bool)
+        label[p - 1:p - 1 + n] = True  # the last prompt position predicts answer token 0
+        known = label.clone()
+        known[:p - 1] = True  # prompt positions, labelled by the prefill
+        topk_ids = torch.cat([p_ids[row, width - p:width - 1], a_ids[row, :n]])  # [p - 1 + n, k]
+        topk_logp = torch.cat([p_logp[row, width - p:width - 1], a_logp[row, :n]])
+        pad = torch.zeros(len(tokens) - len(topk_ids), k)
+        sequences.append({"tokens": tokens, "label": label, "known": known, "domain": prompt.domain,
+                          "topk_ids": torch.cat([topk_ids, pad.int()]), "topk_logp": torch.cat([topk_logp, pad.half()])})
+    return sequences
+
+
+def _interleave(prompts: list[Prompt]) -> list[Prompt]:
+    """Round-robin over domains, so any prefix of the shards covers every domain."""
+    by_domain = [[p for p in prompts if p.domain == d] for d in DOMAINS]
+    longest = max(map(len, by_domain), default=0)
+    return [group[i] for i in range(longest) for group in by_domain if i < len(group)]
+
+
+def _shards_of(items: list, size: int) -> Iterator[tuple[int, list]]:
+    for index, start in enumerate(range(0, len(items), size)):
+        yield index, items[start:start + size]
+
+
+def generate_responses(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, corpus: Path, out: Path,
+                       split: str, batch_size: int, shard_prompts: int, max_new_tokens: int, k: int,
+                       minutes: float | None = None, max_shards: int | None = None) -> int:
+    """Write `out/responses/<split>/shard_*.pt`; existing shards are kept (resume). Returns new tokens written.
+
+    `max_shards` caps the data reproducibly (shards come in a fixed order); `minutes` stops early by time.
+    """
+    folder = out / "responses" / split
+    folder.mkdir(parents=True, exist_ok=True)
+    prompts = _interleave(read_prompts(corpus, split))
+    shards = list(_shards_of(prompts, shard_prompts))[:max_shards]
+    start, written = time.monotonic(), 0
+    bar = tqdm(shards, desc=f"teacher responses ({split})", unit="shard")
+    for index, group in bar:
+        path = folder / f"shard_{index:05d}.pt"
+        if path.exists():
+            continue
+        if minutes is not None and time.monotonic() - start > minutes * 60:
+            break
+        group = sorted(group, key=lambda p: len(p.text))  # similar lengths share a batch: less padding
+        sequences = [seq for _, batch in _shards_of(group, batch_size)
+                     for seq in generate_batch(model, tokenizer, batch, max_new_tokens, k)]
+        shard = _pack(sequences, split, k)
+        save_shard(path, shard)
+        written += int(shard["known"].sum())
+        bar.set_postfix(tok_s=f"{written / (time.monotonic() - start):.0f}", labels=written)
+    return written
+
+
+@torch.inference_mode()
+def label_windows(model: PreTrainedModel, windows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One target forward over [B, L] token windows: top-k of log p at every position."""
+    logits = model(input_ids=windows).logits  # [B, L, V]
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    values, ids = logp.topk(k, dim=-1)  # [B, L, k]
+    return ids.to(torch.int32), values.to(torch.float16)
+
+
+def text_windows(tokenizer: PreTrainedTokenizerBase, corpus: Path, length: int) -> list[tuple[str, torch.Tensor]]:
+    """Documents tokenised, joined by EOS, cut into (domain, [length]) windows."""
+    windows = []
+    for doc in read_documents(corpus):
+        ids = tokenizer(doc["text"])["input_ids"] + [tokenizer.eos_token_id]
+        for start in range(0, len(ids) - length + 1, length):
+            windows.append((doc["domain"], torch.tensor(ids[start:start + length])))
+    return windows
+
+
+def label_text(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, corpus: Path, out: Path,
+               window: int, batch_size: int, shard_windows: int, k: int, minutes: float | None = None,
+               max_shards: int | None = None) -> int:
+    """Write `out/text/shard_*.pt` (resumable): raw text with the target's top-k at every position."""
+    folder = out / "text"
+    folder.mkdir(parents=True, exist_ok=True)
+    windows = text_windows(tokenizer, corpus, window)
+    start, written = time.monotonic(), 0
+    bar = tqdm(list(_shards_of(windows, shard_windows))[:max_shards], desc="teacher text labels", unit="shard")
+    for index, group in bar:
+        path = folder / f"shard_{index:05d}.pt"
+        if path.exists():
+            continue
+        if minutes is not None and time.monotonic() - start > minutes * 60:
+            break
+        sequences = []
+        for _, batch in _shards_of(group, batch_size):
+            ids, logp = label_windows(model, torch.stack([w for _, w in batch]), k)
+            everywhere = torch.ones(window, dtype=torch.bool)
+            sequences += [{"tokens": w, "label": everywhere, "known": everywhere, "topk_ids": ids[i],
+                           "topk_logp": logp[i], "domain": domain} for i, (domain, w) in enumerate(batch)]
+        save_shard(path, _pack(sequences, "train", k))
+        written += window * len(group)
+        bar.set_postfix(tok_s=f"{written / (time.monotonic() - start):.0f}", labels=written)
+    return written
+
+
+def summarize(out: Path) -> dict:
+    """Token counts of what is on disk, per source and split."""
+    counts = {}
+    for folder in sorted(p for p in out.rglob("*") if p.is_dir() and any(p.glob("shard_*.pt"))):
+        shards = load_shards(folder)
+        counts[str(folder.relative_to(out))] = {"shards": len(shards),
+                                                "answer_tokens": int(sum(s["label"].sum() for s in shards)),
+                                                "labelled_tokens": int(sum(s["known"].sum() for s in shards))}
+    (out / "teacher_summary.json").write_text(json.dumps(counts, indent=1))
+    return counts

@@ -1,0 +1,300 @@
+"""Stage (c): train a drafter on the teacher shards by matching the target's next-token law `p`.
+
+Glossary: `p` target distribution (its top-k, renormalised), `q` drafter distribution; the draft vocabulary
+`V_d` is the set of ids the drafter's head scores (q = 0 elsewhere); `E` the target's token embedding.
+
+Loss at every labelled position: cross-entropy H(p, q) = -Σ_{x ∈ top-k(p) ∩ V_d} p(x) log q(x), which holds the
+target's argmax (what greedy drafting must hit) and the runner-up mass (what sampled drafting needs).
+The run folder holds `ckpt.pt` (model, optimizer, counters: a stopped run resumes), `curve.jsonl` (held-out
+greedy acceptance against teacher tokens seen) and `draft_vocab.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+from transformers import LlamaConfig, LlamaForCausalLM, MambaConfig, MambaForCausalLM, PreTrainedModel
+
+from specdec.distill.teacher import Shard, load_shards
+
+
+@dataclass
+class TrainConfig:
+    arch: str = "mamba"  # "mamba" | "transformer"
+    hidden: int = 256
+    mamba_layers: int = 4
+    tf_layers: int = 4
+    minutes: float = 60.0  # wall-time budget (training steps only, summed over resumes)
+    max_tokens: int | None = None  # token budget (window tokens fed to the drafter)
+    seq_len: int = 256
+    batch_size: int = 16
+    lr: float = 2e-3
+    warmup: int = 20
+    response_share: float = 0.5  # fraction of each batch drawn from the target's own answers (vs labelled text)
+    draft_vocab: int = 8192  # size of V_d; 0 keeps the full vocabulary
+    seed: int = 0
+    eval_every: int = 200
+    threads: int | None = None
+
+
+def build_drafter(config: TrainConfig, vocab_size: int) -> PreTrainedModel:
+    """A small Mamba or Llama-style drafter with a tied embedding; the two have comparable parameter counts."""
+    if config.arch == "mamba":
+        return MambaForCausalLM(MambaConfig(vocab_size=vocab_size, hidden_size=config.hidden, state_size=16,
+                                            num_hidden_layers=config.mamba_layers, expand=2, conv_kernel=4,
+                                            use_mambapy=True, tie_word_embeddings=True, bos_token_id=1,
+                                            eos_token_id=2, pad_token_id=2))
+    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab_size, hidden_size=config.hidden,
+                                        intermediate_size=2 * config.hidden, num_hidden_layers=config.tf_layers,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
+                                        rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1,
+                                        eos_token_id=2, pad_token_id=2))
+
+
+def project_embedding(target_embedding: torch.Tensor, dim: int, std: float = 0.02) -> torch.Tensor:
+    """E V_dim: the target's [V, D] embedding on its top-`dim` right singular vectors, [V, dim], scaled to `std`.
+
+    The geometry (which tokens are close) is the target's; the scale is a fresh model's, so the tied output
+    head starts near uniform instead of confidently wrong.
+    """
+    weight = target_embedding.float()
+    _, _, vh = torch.linalg.svd(weight, full_matrices=False)  # vh [D, D]
+    projected = weight @ vh[:dim].T  # [V, dim]
+    return projected * (std / projected.std())
+
+
+def choose_draft_vocab(shards: list[Shard], size: int, vocab_size: int, specials: int = 17) -> torch.Tensor:
+    """V_d: the `size` ids the target most often ranks first in the training data, plus the special tokens.
+
+    Ids never seen ranked first fill the remaining slots in id order (BPE ids come roughly in frequency order).
+    """
+    if size <= 0 or size >= vocab_size:
+        return torch.arange(vocab_size)
+    counts = -torch.arange(vocab_size) / vocab_size  # the tie-break: lower id first
+    for shard in shards:
+        top1 = shard["topk_ids"][shard["label"], 0].long()
+        counts += torch.bincount(top1, minlength=vocab_size).float()
+    counts[:specials] = float("inf")
+    return counts.topk(size).indices.sort().values
+
+
+class Stream:
+    """One flat token stream (a data source) from which random training windows are cut."""
+
+    def __init__(self, shards: list[Shard]) -> None:
+        self.tokens = torch.cat([s["tokens"] for s in shards]).long()  # [N]
+        self.label = torch.cat([s["known"] for s in shards])  # [N] positions with a teacher top-k
+        self.topk_ids = torch.cat([s["topk_ids"] for s in shards]).long()  # [N, k]
+        self.topk_logp = torch.cat([s["topk_logp"] for s in shards]).float()  # [N, k]
+
+    @property
+    def labelled(self) -> int:
+        return int(self.label.sum())
+
+    def windows(self, n: int, length: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+        starts = torch.randint(0, len(self.tokens) - length, (n,), generator=generator)
+        index = starts[:, None] + torch.arange(length)  # [n, L]
+        return self.tokens[index], self.label[index], self.topk_ids[index], self.topk_logp[index]
+
+
+def selective_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                   C: torch.Tensor) -> torch.Tensor:
+    """y_t = C_t · h_t with h_t = exp(Δ_t A) h_{t-1} + Δ_t B_t x_t.
+
+    x, dt (= Δ): [b, d_in, l]; A: [d_in, n]; B, C: [b, l, n] -> y [b, d_in, l]. The discretised Ā, B̄x and the
+    read-out are whole-tensor ops; only the recurrence itself (two ops per position) runs step by step.
+    """
+    dA = torch.exp(dt.permute(2, 0, 1)[..., None] * A)  # Ā [l, b, d_in, n], time-major: contiguous steps
+    dBx = (dt * x).permute(2, 0, 1)[..., None] * B.transpose(0, 1)[:, :, None, :]  # B̄x [l, b, d_in, n]
+    h = torch.zeros_like(dA[0])  # [b, d_in, n]
+    states = []
+    for dA_t, dBx_t in zip(dA.unbind(0), dBx.unbind(0)):  # unbind: a backward linear in l
+        h = dA_t * h + dBx_t
+        states.append(h)
+    return torch.einsum("lbdn,bln->bdl", torch.stack(states), C)
+
+
+def mixer_forward(mixer: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """A Hugging Face `MambaMixer` over a whole sequence (training path, no cache): [b, l, d] -> [b, l, d]."""
+    length = hidden.shape[1]
+    x, gate = mixer.in_proj(hidden).transpose(1, 2).chunk(2, dim=1)  # [b, d_in, l] each
+    x = torch.nn.functional.silu(mixer.conv1d(x)[..., :length])  # causal depthwise conv
+    step, B, C = torch.split(mixer.x_proj(x.transpose(1, 2)),
+                             [mixer.time_step_rank, mixer.ssm_state_size, mixer.ssm_state_size], dim=-1)
+    dt = torch.nn.functional.softplus(mixer.dt_proj(step)).transpose(1, 2)  # Δ [b, d_in, l]
+    A = -torch.exp(mixer.A_log.float())  # [d_in, n]
+    y = selective_scan(x, dt, A, B, C) + x * mixer.D[:, None]
+    return mixer.out_proj((y * torch.nn.functional.silu(gate)).transpose(1, 2))
+
+
+def mamba_hidden(model: MambaForCausalLM, input_ids: torch.Tensor) -> torch.Tensor:
+    """Final hidden states [b, l, d] of a Mamba LM, as `model.backbone` computes them but trainable on a CPU."""
+    backbone = model.backbone
+    h = backbone.embeddings(input_ids)
+    for block in backbone.layers:
+        h = h + mixer_forward(block.mixer, block.norm(h))
+    return backbone.norm_f(h)
+
+
+def draft_logits(model: PreTrainedModel, input_ids: torch.Tensor, draft_ids: torch.Tensor) -> torch.Tensor:
+    """Drafter logits over V_d only: final hidden state times the V_d rows of the tied embedding, [B, L, |V_d|]."""
+    if model.config.model_type == "mamba":
+        hidden = mamba_hidden(model, input_ids)  # [B, L, d]
+    else:
+        hidden = model.base_model(input_ids=input_ids).last_hidden_state  # [B, L, d]
+    head = model.get_output_embeddings().weight[draft_ids]  # [|V_d|, d]
+    return hidden @ head.T
+
+
+def distill_loss(logits: torch.Tensor, label: torch.Tensor, topk_ids: torch.Tensor, topk_logp: torch.Tensor,
+                 lut: torch.Tensor) -> torch.Tensor:
+    """H(p, q) averaged over labelled positions; p = top-k of the target restricted to V_d and renormalised."""
+    log_q = torch.log_softmax(logits.float(), dim=-1)  # [B, L, |V_d|]
+    slot = lut[topk_ids]  # [B, L, k], -1 outside V_d
+    p = topk_logp.exp() * (slot >= 0)  # [B, L, k]
+    keep = label & (p.sum(-1) > 0)  # [B, L]
+    p = p / p.sum(-1, keepdim=True).clamp_min(1e-9)
+    cross = -(p * log_q.gather(-1, slot.clamp_min(0))).sum(-1)  # [B, L]
+    return cross[keep].mean()
+
+
+@torch.no_grad()
+def greedy_acceptance(model: PreTrainedModel, shards: list[Shard], draft_ids: torch.Tensor,
+                      batch_size: int = 16) -> dict[str, float]:
+    """Teacher-forced greedy per-token acceptance: how often argmax q equals the target's greedy token.
+
+    On the target's own greedy answers the accepted prefix is always the target's text, so this is the chance a
+    drafted token is accepted given that its prefix was.
+    """
+    hits: dict[str, list[int]] = {}
+    sequences = [(s["domains"][i], s["tokens"][a:b].long(), s["label"][a:b])
+                 for s in shards for i, (a, b) in enumerate(zip(s["starts"][:-1], s["starts"][1:]))]
+    for start in range(0, len(sequences), batch_size):
+        batch = sequences[start:start + batch_size]
+        width = max(len(t) for _, t, _ in batch)
+        ids = torch.full((len(batch), width), 2, dtype=torch.long)  # right padding never reaches earlier positions
+        for row, (_, tokens, _) in enumerate(batch):
+            ids[row, :len(tokens)] = tokens
+        guess = draft_ids[draft_logits(model, ids, draft_ids).argmax(-1)]  # [B, W]
+        for row, (domain, tokens, label) in enumerate(batch):
+            pos = label[:-1].nonzero()[:, 0]
+            correct = (guess[row, pos] == tokens[pos + 1]).long()
+            counts = hits.setdefault(domain, [0, 0])
+            counts[0] += int(correct.sum())
+            counts[1] += len(pos)
+    report = {domain: a / max(n, 1) for domain, (a, n) in sorted(hits.items())}
+    report["all"] = sum(a for a, _ in hits.values()) / max(sum(n for _, n in hits.values()), 1)
+    return report
+
+
+def learning_rate(config: TrainConfig, step: int, progress: float) -> float:
+    """Linear warm-up, then cosine decay to 10% over the budget (progress in [0, 1])."""
+    warm = min(1.0, (step + 1) / config.warmup)
+    return config.lr * warm * (0.1 + 0.45 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def _progress(config: TrainConfig, wall_s: float, tokens: int) -> float:
+    by_time = wall_s / (config.minutes * 60)
+    return max(by_time, tokens / config.max_tokens) if config.max_tokens else by_time
+
+
+def _load_or_init(run: Path, config: TrainConfig, teacher: Path, target_embedding: torch.Tensor | None,
+                  vocab_size: int) -> tuple[PreTrainedModel, torch.Tensor, dict | None]:
+    torch.manual_seed(config.seed)
+    model = build_drafter(config, vocab_size)
+    ckpt = torch.load(run / "ckpt.pt", weights_only=False) if (run / "ckpt.pt").exists() else None
+    if ckpt:
+        model.load_state_dict(ckpt["model"])
+        draft_ids = torch.tensor(json.loads((run / "draft_vocab.json").read_text())["token_ids"])
+        return model, draft_ids, ckpt
+    if target_embedding is not None:
+        model.get_input_embeddings().weight.data.copy_(project_embedding(target_embedding, config.hidden))
+    draft_ids = choose_draft_vocab(load_shards(teacher / "responses" / "train") + load_shards(teacher / "text"),
+                                   config.draft_vocab, vocab_size)
+    (run / "draft_vocab.json").write_text(json.dumps({"token_ids": draft_ids.tolist()}))
+    (run / "train_config.json").write_text(json.dumps({**asdict(config), "vocab_size": vocab_size}, indent=1))
+    return model, draft_ids, None
+
+
+def load_run(run: Path) -> tuple[PreTrainedModel, torch.Tensor, dict]:
+    """The drafter of a run's last checkpoint, its V_d, and the run's counters (step, tokens, wall_s, ...)."""
+    saved = json.loads((run / "train_config.json").read_text())
+    vocab_size = saved.pop("vocab_size")
+    model, draft_ids, ckpt = _load_or_init(run, TrainConfig(**saved), run, None, vocab_size)
+    counters = {key: ckpt[key] for key in ("step", "tokens", "labelled", "wall_s")}
+    return model.eval(), draft_ids, {**counters, "config": saved}
+
+
+def _save(run: Path, model: PreTrainedModel, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    tmp = run / "ckpt.tmp"
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), **state}, tmp)
+    os.replace(tmp, run / "ckpt.pt")
+
+
+def _batch(streams: list[tuple[Stream, int]], config: TrainConfig, generator: torch.Generator) -> tuple:
+    parts = [stream.windows(n, config.seq_len, generator) for stream, n in streams if n > 0]
+    return tuple(torch.cat(group) for group in zip(*parts))
+
+
+def train(teacher: Path, run: Path, config: TrainConfig, target_embedding: torch.Tensor | None,
+          vocab_size: int) -> PreTrainedModel:
+    """Train (or resume) until the wall-time or token budget is spent; returns the drafter."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    run.mkdir(parents=True, exist_ok=True)
+    model, draft_ids, ckpt = _load_or_init(run, config, teacher, target_embedding, vocab_size)
+    lut = torch.full((vocab_size,), -1, dtype=torch.long)
+    lut[draft_ids] = torch.arange(len(draft_ids))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    state = {"step": 0, "tokens": 0, "labelled": 0, "wall_s": 0.0}
+    generator = torch.Generator().manual_seed(config.seed)
+    if ckpt:
+        optimizer.load_state_dict(ckpt["optimizer"])
+        state = {key: ckpt[key] for key in state}
+        generator.set_state(ckpt["generator"])
+    responses = Stream(load_shards(teacher / "responses" / "train"))
+    text_shards = load_shards(teacher / "text")
+    n_resp = round(config.batch_size * config.response_share) if text_shards else config.batch_size
+    streams = [(responses, n_resp)] + ([(Stream(text_shards), config.batch_size - n_resp)] if text_shards else [])
+    held_out = load_shards(teacher / "responses" / "eval")
+    model.train()
+    bar = tqdm(desc=f"train {config.arch}", unit="step", initial=state["step"])
+    while _progress(config, state["wall_s"], state["tokens"]) < 1.0:
+        tick = time.monotonic()
+        ids, label, topk_ids, topk_logp = _batch(streams, config, generator)
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(config, state["step"], _progress(config, state["wall_s"], state["tokens"]))
+        loss = distill_loss(draft_logits(model, ids, draft_ids), label, topk_ids, topk_logp, lut)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        state["step"] += 1
+        state["tokens"] += ids.numel()
+        state["labelled"] += int(label.sum())
+        state["wall_s"] += time.monotonic() - tick
+        bar.update()
+        bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{state['tokens'] / state['wall_s']:.0f}")
+        done = _progress(config, state["wall_s"], state["tokens"]) >= 1.0
+        if state["step"] % config.eval_every == 0 or done:
+            _checkpoint(run, model, optimizer, state, generator, held_out, draft_ids, loss.item())
+    model.eval()
+    return model
+
+
+def _checkpoint(run: Path, model: PreTrainedModel, optimizer: torch.optim.Optimizer, state: dict,
+                generator: torch.Generator, held_out: list[Shard], draft_ids: torch.Tensor, loss: float) -> None:
+    """Measure held-out greedy acceptance (the learning curve), then save everything needed to resume."""
+    model.eval()
+    acceptance = greedy_acceptance(model, held_out, draft_ids) if held_out else {}
+    model.train()
+    with open(run / "curve.jsonl", "a") as f:
+        f.write(json.dumps({**state, "loss": loss, "acceptance": acceptance}) + "\n")
+    _save(run, model, optimizer, {**state, "generator": generator.get_state()})

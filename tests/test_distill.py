@@ -1,0 +1,148 @@
+"""The distillation pipeline on tiny random models: teacher shards, loss, resume, export round-trip."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from specdec.distill import corpus, teacher
+from specdec.distill.export import save_drafter
+from specdec.distill.train import (TrainConfig, build_drafter, distill_loss, greedy_acceptance, load_run,
+                                    mamba_hidden, train)
+from tests.tiny import tiny_llama
+
+VOCAB = 64
+EOS = 2
+
+
+class ByteTokenizer:
+    """Bytes folded into a 64-id vocabulary, with a one-line chat template; EOS is id 2."""
+
+    eos_token_id = EOS
+
+    def __call__(self, text: str) -> dict:
+        return {"input_ids": [3 + b % (VOCAB - 3) for b in text.encode()]}
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool, return_dict: bool) -> dict:
+        return self("user: " + messages[0]["content"] + "\nassistant: ")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A corpus of 8 prompts per domain (2 held out) and some text, with teacher shards from a tiny Llama."""
+    out = tmp_path_factory.mktemp("distill")
+    folder = out / "corpus"
+    folder.mkdir()
+    with open(folder / "prompts.jsonl", "w") as f:
+        for domain in corpus.DOMAINS:
+            for i in range(8):
+                split = "eval" if i >= 6 else "train"
+                f.write(json.dumps({"id": f"{domain}-{i}", "domain": domain, "split": split,
+                                    "text": f"{domain} question {i} " * (1 + i % 3)}) + "\n")
+    with open(folder / "text.jsonl", "w") as f:
+        f.write(json.dumps({"domain": "prose", "text": "some plain text to label. " * 40}) + "\n")
+    model, tokenizer = tiny_llama(VOCAB, seed=1), ByteTokenizer()
+    for split in ("eval", "train"):
+        teacher.generate_responses(model, tokenizer, folder, out / "teacher", split, batch_size=4, shard_prompts=8,
+                                   max_new_tokens=6, k=4)
+    teacher.label_text(model, tokenizer, folder, out / "teacher", window=32, batch_size=4, shard_windows=8, k=4)
+    return out, model, tokenizer
+
+
+def test_prompts_are_reproducible_and_held_out():
+    first, second = corpus.build_prompts(12, 3, seed=5), corpus.build_prompts(12, 3, seed=5)
+    assert first == second
+    train_texts = {p.text for p in first if p.split == "train"}
+    evals = [p for p in first if p.split == "eval"]
+    assert len(evals) == 3 * len(corpus.DOMAINS) and not train_texts & {p.text for p in evals}
+
+
+def test_teacher_labels_are_the_greedy_answer(data):
+    out, _, _ = data
+    for shard in teacher.load_shards(out / "teacher" / "responses" / "train"):
+        pos = shard["label"][:-1].nonzero()[:, 0]
+        assert torch.equal(shard["topk_ids"][pos, 0].long(), shard["tokens"][pos + 1].long())
+        assert (shard["topk_logp"][pos, 0] >= shard["topk_logp"][pos, 1]).all()
+
+
+def test_teacher_resumes_without_redoing_shards(data):
+    out, model, tokenizer = data
+    written = teacher.generate_responses(model, tokenizer, out / "corpus", out / "teacher", "train", batch_size=4,
+                                         shard_prompts=8, max_new_tokens=6, k=4)
+    assert written == 0
+    assert teacher.label_text(model, tokenizer, out / "corpus", out / "teacher", 32, 4, 8, 4) == 0
+
+
+def test_the_teacher_accepts_all_of_its_own_greedy_tokens(data):
+    out, model, _ = data
+    held_out = teacher.load_shards(out / "teacher" / "responses" / "eval")
+    report = greedy_acceptance(model, held_out, torch.arange(VOCAB))
+    assert report["all"] == 1.0 and set(report) == set(corpus.DOMAINS) | {"all"}
+
+
+def test_loss_is_soft_cross_entropy_on_the_draft_vocabulary():
+    logits = torch.randn(2, 3, 5)  # draft head over V_d = ids [1, 4, 5, 7, 9]
+    lut = torch.full((10,), -1)
+    lut[torch.tensor([1, 4, 5, 7, 9])] = torch.arange(5)
+    topk_ids = torch.tensor([[[4, 2], [9, 1], [5, 7]]] * 2)  # id 2 lies outside V_d
+    topk_logp = torch.log(torch.tensor([[[0.6, 0.4], [0.5, 0.5], [0.9, 0.1]]] * 2))
+    label = torch.tensor([[True, True, False]] * 2)
+    p = torch.zeros(2, 3, 5)
+    p[:, 0, 1] = 1.0  # id 4 renormalised alone
+    p[:, 1, 4], p[:, 1, 0] = 0.5, 0.5
+    expected = -(p * torch.log_softmax(logits, -1)).sum(-1)[:, :2].mean()
+    assert torch.allclose(distill_loss(logits, label, topk_ids, topk_logp, lut), expected)
+
+
+@pytest.mark.parametrize("arch", ["mamba", "transformer"])
+def test_train_resumes_and_exports_a_loadable_drafter(data, tmp_path, arch):
+    out, _, _ = data
+    config = TrainConfig(arch=arch, hidden=16, mamba_layers=1, tf_layers=1, minutes=10.0, max_tokens=4 * 16 * 2,
+                         seq_len=16, batch_size=4, warmup=1, draft_vocab=20, eval_every=1)
+    run = tmp_path / arch
+    train(out / "teacher", run, config, torch.randn(VOCAB, 24), VOCAB)
+    curve = [json.loads(line) for line in (run / "curve.jsonl").read_text().splitlines()]
+    assert [point["step"] for point in curve] == [1, 2] and "all" in curve[-1]["acceptance"]
+    config.max_tokens *= 2  # a larger budget: the run continues from step 2, it does not restart
+    train(out / "teacher", run, config, None, VOCAB)
+    model, draft_ids, counters = load_run(run)
+    assert counters["step"] == 4 and len(draft_ids) == 20
+
+    folder = save_drafter(model, draft_ids, None, tmp_path / f"{arch}-export")
+    loaded = AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model.to(torch.bfloat16)(ids).logits)
+    assert json.loads((folder / "draft_vocab.json").read_text())["token_ids"] == draft_ids.tolist()
+
+
+def test_trainable_mamba_forward_matches_the_reference():
+    config = TrainConfig(arch="mamba", hidden=16, mamba_layers=2)
+    model = build_drafter(config, VOCAB).eval()
+    ids = torch.randint(0, VOCAB, (2, 11))
+    with torch.no_grad():
+        assert torch.allclose(mamba_hidden(model, ids), model.backbone(input_ids=ids).last_hidden_state, atol=1e-5)
+
+
+def test_batched_greedy_decoding_matches_generate(data):
+    _, model, _ = data
+    prompt = torch.tensor([[2, 2, 9, 8, 7], [5, 6, 7, 8, 9]])  # row 0 left-padded with EOS
+    mask = (torch.arange(5) >= torch.tensor([[2], [0]])).long()
+    _, _, answer_ids, _ = teacher.greedy_decode(model, prompt, mask, 6, 3, eos=63)
+    expected = model.generate(input_ids=prompt, attention_mask=mask, max_new_tokens=6, do_sample=False,
+                              pad_token_id=63)[:, 5:]
+    assert torch.equal(answer_ids[:, :, 0].long(), expected)
+
+
+def test_restricted_head_gives_q_zero_outside_the_draft_vocabulary(data):
+    from specdec.distill.evaluate import coverage, restrict_head
+
+    model = tiny_llama(VOCAB, seed=4)
+    draft_ids = torch.tensor([3, 7, 11])
+    restrict_head(model, draft_ids)
+    with torch.no_grad():
+        q = torch.softmax(model(torch.tensor([[5, 6, 7]])).logits, -1)  # [1, 3, V]
+    assert torch.allclose(q[..., draft_ids].sum(-1), torch.ones(1, 3)) and torch.isin(q.argmax(-1), draft_ids).all()
+    held_out = teacher.load_shards(data[0] / "teacher" / "responses" / "eval")
+    assert coverage(held_out, torch.arange(VOCAB)) == 1.0
