@@ -36,17 +36,6 @@ def coverage(shards: list[Shard], draft_ids: torch.Tensor) -> float:
     return float(torch.isin(tokens, draft_ids).float().mean())
 
 
-def restrict_head(model: PreTrainedModel, draft_ids: torch.Tensor) -> None:
-    """Make a Transformer drafter's q zero outside V_d (logits -inf), as the Mamba drafter does natively."""
-    outside = torch.ones(model.config.vocab_size, dtype=torch.bool)
-    outside[draft_ids] = False
-
-    def mask(module: torch.nn.Module, inputs: tuple, logits: torch.Tensor) -> torch.Tensor:
-        return logits.masked_fill(outside.to(logits.device), float("-inf"))
-
-    model.get_output_embeddings().register_forward_hook(mask)
-
-
 def _ms_per_call(step: Callable[[], object], warmup: int = 5, calls: int = 40) -> float:
     for _ in range(warmup):
         step()
@@ -107,9 +96,7 @@ def evaluate(target: LoadedModel, teacher: Path, run: Path, prompts_per_domain: 
     kind = "mamba" if model.config.model_type == "mamba" else "transformer"
     if kind == "transformer":  # what an engine that ignores draft_vocab.json would get
         report["teacher_forced_full_head"] = greedy_acceptance(model, held_out, torch.arange(model.config.vocab_size))
-    drafter = LoadedModel(run.name, model.float().eval(), target.tokenizer, str(folder))
-    if kind == "transformer":
-        restrict_head(drafter.model, draft_ids)
+    drafter = LoadedModel(run.name, model.float().eval(), target.tokenizer, str(folder))  # reads draft_vocab.json
     context = held_out[0]["tokens"][:64].tolist()
     report["latency_ms"] = {"target_fp32": step_latency_ms(target.model, None, context),
                             "drafter_fp32": step_latency_ms(drafter.model, folder, context),
