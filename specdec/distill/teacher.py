@@ -154,13 +154,7 @@ def generate_responses(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBas
     prompts = _interleave(read_prompts(corpus, split))
     shards = list(_shards_of(prompts, shard_prompts))[:max_shards]
     start, written = time.monotonic(), 0
-    bar = tqdm(shards, desc=f"teacher responses ({split})", unit="shard")
-    for index, group in bar:
-        path = folder / f"shard_{index:05d}.pt"
-        if path.exists():
-            continue
-        if minutes is not None and time.monotonic() - start > minutes * 60:
-            break
+    for path, group, bar in _pending(folder, shards, minutes, f"teacher responses ({split})"):
         group = sorted(group, key=lambda p: len(p.text))  # similar lengths share a batch: less padding
         sequences = [seq for _, batch in _shards_of(group, batch_size)
                      for seq in generate_batch(model, tokenizer, batch, max_new_tokens, k)]
@@ -169,6 +163,19 @@ def generate_responses(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBas
         written += int(shard["known"].sum())
         bar.set_postfix(tok_s=f"{written / (time.monotonic() - start):.0f}", labels=written)
     return written
+
+
+def _pending(folder: Path, shards: list, minutes: float | None, desc: str) -> Iterator[tuple[Path, list, tqdm]]:
+    """The (path, group, progress bar) of each shard not yet on disk, until `minutes` have passed: resumable."""
+    start = time.monotonic()
+    bar = tqdm(shards, desc=desc, unit="shard")
+    for index, group in bar:
+        path = folder / f"shard_{index:05d}.pt"
+        if path.exists():
+            continue
+        if minutes is not None and time.monotonic() - start > minutes * 60:
+            break
+        yield path, group, bar
 
 
 @torch.inference_mode()
@@ -198,13 +205,8 @@ def label_text(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, corpu
     folder.mkdir(parents=True, exist_ok=True)
     windows = text_windows(tokenizer, corpus, window)
     start, written = time.monotonic(), 0
-    bar = tqdm(list(_shards_of(windows, shard_windows))[:max_shards], desc="teacher text labels", unit="shard")
-    for index, group in bar:
-        path = folder / f"shard_{index:05d}.pt"
-        if path.exists():
-            continue
-        if minutes is not None and time.monotonic() - start > minutes * 60:
-            break
+    shards = list(_shards_of(windows, shard_windows))[:max_shards]
+    for path, group, bar in _pending(folder, shards, minutes, "teacher text labels"):
         sequences = []
         for _, batch in _shards_of(group, batch_size):
             ids, logp = label_windows(model, torch.stack([w for _, w in batch]), k)
