@@ -263,8 +263,8 @@ def context_study(models: Models, lengths: list[int], steps: int = 32, log=print
     its KV cache, which grows with the context, and so does the attention part of each step.
     """
     from specdec.drafters import MambaDrafter
-    from specdec.drafters.base import load_draft_vocab
     from specdec.kvcache import TreeLM
+    from specdec.vocab import load_draft_vocab
 
     target = models.target
     text_ids = [t for item in load_prompts(None) for t in encode_prompt(target.tokenizer, item["prompt"], chat=False)]

@@ -106,7 +106,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         result["context_study"] = study
         print(bench.context_table(study) + "\n")
     if args.methods:
-        methods = _rejoin_trees(args.methods)
+        methods = _split_methods(args.methods)
         if args.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
         prompts = bench.load_prompts(args.prompts, args.limit)
@@ -120,7 +120,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _rejoin_trees(text: str) -> list[str]:
+def _split_methods(text: str) -> list[str]:
     """Split 'ar,mamba-tree:3;2;1,lookup-chain' on commas; ';' separates widths inside a tree."""
     return [m.strip().replace(";", ",") for m in text.split(",") if m.strip()]
 

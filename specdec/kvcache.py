@@ -13,6 +13,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specdec.tree import ancestor_matrix
+from specdec.vocab import scatter_head
 
 
 def tree_attention_mask(prefix_len: int, anc: torch.Tensor, rows: slice, dtype: torch.dtype,
@@ -39,6 +40,7 @@ class TreeLM:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.head_ids = head_ids.to(self.device) if head_ids is not None else None
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
         if self.head_ids is not None:
             self.head_weight = model.get_output_embeddings().weight[self.head_ids]  # [H, d]
         self.reset()
@@ -70,8 +72,7 @@ class TreeLM:
             return self.model(**inputs).logits[0]  # [n, V]
         h = self.model.base_model(**inputs).last_hidden_state[0]  # [n, d]
         scores = (h @ self.head_weight.T).float()  # [n, H]
-        full = scores.new_full((len(tokens), self.model.get_output_embeddings().weight.shape[0]), float("-inf"))
-        return full.index_copy_(-1, self.head_ids, scores)  # [n, V_model]
+        return scatter_head(scores, self.head_ids, self.vocab_size)  # [n, V_model]
 
     def commit(self, keep: list[int]) -> None:
         """Keep region entries `keep` (a chain from the prefix, in order) and drop the rest of the region."""

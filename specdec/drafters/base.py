@@ -9,10 +9,8 @@ A drafter's life in one generation:
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -47,31 +45,6 @@ class Sampler:
         if self.greedy:
             return logits.topk(width, dim=-1).indices, q  # [m, width]
         return sample(q, width, self.generator), q  # [m, width]
-
-
-def load_draft_vocab(folder: str | None) -> torch.Tensor | None:
-    """Token ids of a reduced draft head, from `draft_vocab.json` ({"token_ids": [...]}) beside the weights."""
-    path = Path(folder) / "draft_vocab.json" if folder else None
-    if path is None or not path.is_file():
-        return None
-    return torch.tensor(json.loads(path.read_text())["token_ids"], dtype=torch.long)
-
-
-def scatter_head(scores: torch.Tensor, head_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Scores over the head's ids [..., H] -> logits over the target's vocabulary [..., V], -inf elsewhere (q = 0)."""
-    full = scores.new_full((*scores.shape[:-1], vocab_size), float("-inf"))
-    return full.index_copy_(-1, head_ids, scores)
-
-
-def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Pad (with -inf) or cut drafter logits [..., V_d] to the target's width V: ids the drafter lacks get q = 0."""
-    width = logits.shape[-1]
-    if width == vocab_size:
-        return logits
-    if width > vocab_size:
-        return logits[..., :vocab_size]
-    pad = logits.new_full((*logits.shape[:-1], vocab_size - width), float("-inf"))
-    return torch.cat([logits, pad], dim=-1)
 
 
 class TreeBuilder:

@@ -24,8 +24,9 @@ import torch
 import torch.nn.functional as F
 from transformers import MambaForCausalLM
 
-from specdec.drafters.base import Drafter, DraftTree, Sampler, TreeBuilder, fit_vocab, load_draft_vocab, scatter_head
+from specdec.drafters.base import Drafter, DraftTree, Sampler, TreeBuilder
 from specdec.tree import TreeShape
+from specdec.vocab import fit_vocab, load_draft_vocab, scatter_head
 
 try:  # GPU kernels; absent (or failing to import) without CUDA
     from causal_conv1d import causal_conv1d_update as _conv_update_kernel

@@ -11,9 +11,10 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from specdec.drafters.base import Drafter, DraftTree, Sampler, TreeBuilder, fit_vocab, load_draft_vocab
+from specdec.drafters.base import Drafter, DraftTree, Sampler, TreeBuilder
 from specdec.kvcache import TreeLM
 from specdec.tree import TreeShape
+from specdec.vocab import fit_vocab, load_draft_vocab
 
 
 class TransformerDrafter(Drafter):
