@@ -157,12 +157,16 @@ def build_app(engine: Engine, prompts_dir: Path = ROOT / "assets" / "prompts") -
         return main_views(session, live=False) + [panel(), gr.DownloadButton(value=str(path), interactive=True),
                                                   session]
 
+    def opening(prompt, settings, session, progress):
+        """Show the fresh run at once, then validate and load: `config, models = yield from opening(...)`."""
+        yield begin(prompt, settings, session)
+        return setup(settings, progress)
+
     def run(prompt, method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, session,
             progress=gr.Progress()):
         session = session or Session()
         settings = settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward)
-        yield begin(prompt, settings, session)
-        config, models = setup(settings, progress)
+        config, models = yield from opening(prompt, settings, session, progress)
         yield from stream(session, engine.generate(models, session.prompt, config, session.stop,
                                                    session.memory))
         yield finish(session)
@@ -171,8 +175,7 @@ def build_app(engine: Engine, prompts_dir: Path = ROOT / "assets" / "prompts") -
                 progress=gr.Progress()):
         session = session or Session()
         settings = settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward)
-        yield begin(prompt, settings, session)
-        config, models = setup(settings, progress)
+        config, models = yield from opening(prompt, settings, session, progress)
         base = Session(session.prompt, {**settings, "method": "ar"}, stop=session.stop)
         base_config = engine.make_config(**base.settings)
         label = METHODS.get(method, (method,))[0]
@@ -194,8 +197,7 @@ def build_app(engine: Engine, prompts_dir: Path = ROOT / "assets" / "prompts") -
         session = session or Session()
         settings = settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward)
         if session.stepper is None or session.settings != settings or session.prompt != (prompt or "").strip():
-            yield begin(prompt, settings, session)
-            config, models = setup(settings, progress)
+            config, models = yield from opening(prompt, settings, session, progress)
             session.stepper = engine.generate(models, session.prompt, config, session.stop, session.memory)
         try:
             session.add(next(session.stepper))
