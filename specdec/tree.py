@@ -106,13 +106,16 @@ def parse_shape(text: str | int | tuple[int, ...] | TreeShape) -> TreeShape:
 
 
 def parse_arms(text: str | list) -> list[TreeShape]:
-    """Bandit arms separated by ';' or whitespace, e.g. `"4; 2,2,1; 3,1,1"`."""
+    """Bandit arms separated by ';' or whitespace, e.g. `"4; 2,2,1; 3,1,1"`.
+
+    An arm `0` drafts nothing (a plain target step): the bandit can fall back to it when drafting does not pay.
+    """
     items = text if isinstance(text, list) else [a for a in re.split(r"[;\s|]+", str(text).strip()) if a]
     if not items:
         raise ValueError("at least one bandit arm is needed")
     arms = [parse_shape(a) for a in items]
-    if any(a.depth == 0 for a in arms):
-        raise ValueError("a bandit arm must draft at least one token")
+    if len(set(arms)) < len(arms):
+        raise ValueError("bandit arms must differ from one another")
     return arms
 
 

@@ -61,6 +61,16 @@ def test_bandit_snapshot_every_round(tiny_models):
     assert rounds[-1].bandit.arms[0].ucb is not None
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_an_arm_that_drafts_nothing(tiny_models, temperature):
+    """Arm `0` is a plain target step inside a bandit run; greedy output stays the target's."""
+    rounds, sd = run(tiny_models, method="mamba-ucb", arms="0; 2,1", temperature=temperature, max_new_tokens=24)
+    plain = [r for r in rounds if r.bandit.chosen == 0]
+    assert plain and all(r.shape == [] and r.accepted_len == 0 and len(r.emitted) == 1 for r in plain)
+    if temperature == 0.0:
+        assert sd.token_ids == run(tiny_models, method="ar", max_new_tokens=24)[1].token_ids
+
+
 def test_stop_event_ends_generation(tiny_models):
     stop = threading.Event()
     events = []

@@ -63,3 +63,22 @@ def test_sliding_window_targets_are_refused():
                            num_attention_heads=4, num_key_value_heads=2, sliding_window=8)
     with pytest.raises(ValueError, match="sliding-window"):
         TreeLM(MistralForCausalLM(config))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_output_layer_row_padding_changes_no_logit(n):
+    """2-3-row blocks reach the output layer as 4 rows on a CPU; the logits are those of the unpadded pass."""
+    model = tiny_llama(11, seed=7)
+    seen: list[int] = []
+    model.get_output_embeddings().register_forward_hook(lambda module, args, out: seen.append(args[0].shape[-2]))
+    tokens = [3, 1, 4, 1, 5][:n]
+    padded = TreeLM(model)
+    assert padded.head_padding  # on by default on a CPU
+    plain = TreeLM(model)
+    plain.head_padding = {}
+    a = padded.feed(tokens)
+    b = plain.feed(tokens)
+    assert a.shape == b.shape == (n, 11)
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert seen == [4 if n in (2, 3) else n, n]
+    assert len(model.get_output_embeddings()._forward_hooks) == 1  # only the test's own hook is left

@@ -36,6 +36,9 @@ def test_arms():
     assert [a.name for a in arms] == ["chain 4", "(2,2,1)", "(3,1,1)"]
     with pytest.raises(ValueError):
         parse_arms("")
+    assert [a.name for a in parse_arms("0; 3")] == ["none", "chain 3"]  # an arm that drafts nothing
+    with pytest.raises(ValueError, match="differ"):
+        parse_arms("3; 3")
 
 
 @pytest.mark.parametrize("kwargs, message", [

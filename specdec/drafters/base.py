@@ -71,7 +71,7 @@ class TreeBuilder:
 
     def build(self, shape: TreeShape, vocab_size: int) -> DraftTree:
         q = None
-        if self.keep_q:  # rows of leaves stay zero: nothing was drawn from them
+        if self.keep_q and self.q_rows:  # rows of leaves stay zero: nothing was drawn from them
             some_row = next(iter(self.q_rows.values()))
             q = some_row.new_zeros(len(self.tokens), vocab_size)  # [n, V] on the drafter's device
             nodes = list(self.q_rows)
