@@ -46,6 +46,7 @@ def stage_train(args: argparse.Namespace) -> None:
 
     config = TrainConfig(arch=args.arch, minutes=args.minutes, max_tokens=args.max_tokens, seq_len=args.seq_len,
                          batch_size=args.train_batch, lr=args.lr, draft_vocab=args.draft_vocab, seed=args.seed,
+                         response_share=args.response_share,
                          eval_every=args.eval_every, threads=args.threads)
     run = args.data / "runs" / args.name
     if (run / "ckpt.pt").exists():  # resume: E was used on the fresh run only
@@ -89,7 +90,7 @@ def parser() -> argparse.ArgumentParser:
     corpus.add_argument("--text-chars", type=int, default=4_000_000, help="raw text to label, in characters")
     teacher = p.add_argument_group("teacher")
     teacher.add_argument("--teacher-dtype", default="bfloat16")
-    teacher.add_argument("--batch-size", type=int, default=32)
+    teacher.add_argument("--batch-size", type=int, default=64)
     teacher.add_argument("--shard-prompts", type=int, default=64)
     teacher.add_argument("--max-new-tokens", type=int, default=128)
     teacher.add_argument("--topk", type=int, default=8)
@@ -108,6 +109,8 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--seq-len", type=int, default=256)
     train.add_argument("--train-batch", type=int, default=16)
     train.add_argument("--lr", type=float, default=2e-3)
+    train.add_argument("--response-share", type=float, default=0.5,
+                       help="fraction of each batch cut from the target's answers (the rest from labelled text)")
     train.add_argument("--draft-vocab", type=int, default=8192, help="reduced draft head size (0 = full)")
     train.add_argument("--eval-every", type=int, default=200, help="steps between held-out checks and checkpoints")
     train.add_argument("--threads", type=int, default=None)

@@ -45,6 +45,20 @@ def _curve_table(run: Path) -> str:
     return "\n".join(rows)
 
 
+def _trend(run: Path, unique: int) -> str:
+    """One sentence on the learning curve's last quarter, read from `curve.jsonl`."""
+    points = [json.loads(line) for line in (run / "curve.jsonl").read_text().splitlines()]
+    if len(points) < 4:
+        return ""
+    a, b = points[-(len(points) // 4) - 1], points[-1]
+    gain = b["acceptance"]["all"] - a["acceptance"]["all"]
+    seen = (b["labelled"] - a["labelled"]) / unique
+    where = "still rising" if gain > 0.005 else "flat"
+    return (f"Over the last quarter of the curve ({seen:.1f} passes over the {unique:,} unique training tokens) "
+            f"held-out acceptance moved {gain:+.3f} ({where}) while the training loss went "
+            f"{a['loss']:.3f} -> {b['loss']:.3f}.")
+
+
 def _measured_table(report: dict) -> str:
     rows = ["| measure | value |", "|---|---|"]
     tf = report["teacher_forced"]
@@ -104,8 +118,7 @@ Spent: {counters['step']:,} steps, {counters['tokens']:,} window tokens ({counte
 {unique:,} unique labelled training tokens.
 
 ## Status
-Held-out greedy acceptance {acceptance:.3f} {status}. The learning curve below flattens while the training
-loss keeps falling: the run is short of teacher data ({unique:,} unique tokens), not of steps.
+Held-out greedy acceptance {acceptance:.3f} {status}. {_trend(run, unique)}
 
 ## Measured (held-out prompts)
 {_measured_table(report)}
@@ -117,7 +130,7 @@ loss keeps falling: the run is short of teacher data ({unique:,} unique tokens),
 ```
 python -m specdec.distill corpus
 python -m specdec.distill teacher --response-shards {teacher_summary['responses/train']['shards']} --text-shards {teacher_summary.get('text', {}).get('shards', 0)}
-python -m specdec.distill train --arch {config['arch']} --name {name} --minutes {config['minutes']}{f" --max-tokens {config['max_tokens']}" if config['max_tokens'] else ''} --draft-vocab {config['draft_vocab']} --eval-every {config['eval_every']}{f" --threads {config['threads']}" if config['threads'] else ''}
+python -m specdec.distill train --arch {config['arch']} --name {name} --minutes {config['minutes']}{f" --max-tokens {config['max_tokens']}" if config['max_tokens'] else ''} --draft-vocab {config['draft_vocab']} --response-share {config['response_share']} --eval-every {config['eval_every']}{f" --threads {config['threads']}" if config['threads'] else ''}
 python -m specdec.distill evaluate --name {name} --engine-prompts {engine.get('prompts', 0) // len(DOMAINS)} --max-new-tokens-eval {engine.get('max_new_tokens', 0)}
 python -m specdec.distill export --name {name}
 ```
