@@ -24,7 +24,7 @@ import psutil
 import torch
 
 from specdec.bandit import UCBBandit
-from specdec.config import METHODS, GenerationConfig
+from specdec.config import DEFAULT_ARMS, METHODS, REWARDS, GenerationConfig
 from specdec.engine import encode_prompt, generate
 from specdec.models import Models
 from specdec.records import RoundRecord, Summary
@@ -56,11 +56,15 @@ def load_prompts(paths: list[str] | None, limit: int | None = None) -> list[dict
     return prompts
 
 
-def parse_method(name: str) -> tuple[str, str | None]:
+def parse_method(name: str) -> tuple[str, str | None, str | None]:
+    """`base[:tree][@reward]` -> (base, tree, reward), e.g. `mamba-tree:3,1,1` or `mamba-ucb@throughput`."""
+    name, _, reward = name.partition("@")
     base, _, tree = name.partition(":")
     if base not in METHODS and base not in HF_METHODS:
         raise ValueError(f"unknown method {base!r}; choose from {', '.join([*METHODS, *HF_METHODS])}")
-    return base, tree or None
+    if reward and (reward not in REWARDS or not base.endswith("-ucb")):
+        raise ValueError(f"'@{reward}' in {name!r}: a bandit method takes @{' or @'.join(REWARDS)}")
+    return base, tree or None, reward or None
 
 
 class PeakRSS:
@@ -161,39 +165,48 @@ def _aggregate(runs: list[Run], ar_runs: list[Run] | None, greedy: bool, engine:
 
 def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_tokens: int, temperature: float = 0.0,
               repeats: int = 1, seed: int = 0, lookup_tokens: int = 10, shared_bandit: bool = False,
-              log=print) -> dict:
-    """Run every method on every prompt; `shared_bandit` keeps one bandit per method across prompts."""
+              arms: str | None = None, reward: str = "paper", lambda_ucb: float | None = None, log=print) -> dict:
+    """Run every method on every prompt; `shared_bandit` keeps one bandit per method across prompts.
+
+    `arms`, `reward` and `lambda_ucb` configure the `*-ucb` methods (a method's `@reward` suffix overrides
+    `reward`); None keeps the engine's defaults.
+    """
     parsed = [parse_method(m) for m in methods]
-    if "ar" not in [base for base, _ in parsed]:
-        methods, parsed = ["ar", *methods], [("ar", None), *parsed]
+    if "ar" not in [base for base, _, _ in parsed]:
+        methods, parsed = ["ar", *methods], [("ar", None, None), *parsed]
     greedy = temperature == 0.0
     bandits: dict[str, UCBBandit] = {}
+    ucb = {"arms": arms, "reward": reward, **({"lambda_ucb": lambda_ucb} if lambda_ucb is not None else {})}
 
-    def once(base: str, tree: str | None, prompt: str, n_new: int, run_seed: int) -> Run:
+    def once(name: str, base: str, tree: str | None, method_reward: str | None, prompt: str, n_new: int,
+             run_seed: int) -> Run:
         config = GenerationConfig(method=base if base in METHODS else "ar", tree=tree, temperature=temperature,
-                                  max_new_tokens=n_new, seed=run_seed).validate()
+                                  max_new_tokens=n_new, seed=run_seed,
+                                  **{**ucb, "reward": method_reward or reward}).validate()
         if base in HF_METHODS:
             return run_hf(models, prompt, base, config, lookup_tokens)
         bandit = None
         if shared_bandit and config.spec.policy == "ucb":
-            bandit = bandits.setdefault(f"{base}:{tree}", UCBBandit.for_config(config))
+            bandit = bandits.setdefault(name, UCBBandit.for_config(config))
         return run_engine(models, prompt, config, bandit)
 
     log(f"warm-up: {len(methods)} methods")
-    for (base, tree) in parsed:  # loads every model and warms every code path
-        once(base, tree, prompts[0]["prompt"], 8, seed)
+    for name, (base, tree, method_reward) in zip(methods, parsed):  # loads every model, warms every code path
+        once(name, base, tree, method_reward, prompts[0]["prompt"], 8, seed)
     bandits.clear()  # the warm-up teaches no bandit
     runs: dict[str, list[Run]] = {m: [] for m in methods}
     for rep in range(repeats):
         for i, item in enumerate(prompts):
-            for name, (base, tree) in zip(methods, parsed):  # interleaved: every method on this prompt
-                run = once(base, tree, item["prompt"], max_new_tokens, seed + rep)
+            for name, (base, tree, method_reward) in zip(methods, parsed):  # interleaved: all methods, this prompt
+                run = once(name, base, tree, method_reward, item["prompt"], max_new_tokens, seed + rep)
                 run.prompt_id, run.kind = item["id"], item.get("kind", "")
                 runs[name].append(run)
             log(f"repeat {rep + 1}/{repeats} prompt {i + 1}/{len(prompts)} {item['id']}: " + ", ".join(
                 f"{m} {len(runs[m][-1].tokens) / runs[m][-1].seconds:.1f}" for m in methods) + " tok/s")
     results = {name: _aggregate(runs[name], runs["ar"], greedy, base not in HF_METHODS)
-               for name, (base, _) in zip(methods, parsed)}
+               for name, (base, _, _) in zip(methods, parsed)}
+    for name, (base, _, method_reward) in zip(methods, parsed):
+        results[name]["reward"] = (method_reward or reward) if base.endswith("-ucb") else None
     ar_tps = results["ar"]["tokens_per_s"]
     for res in results.values():
         res["speedup_vs_ar"] = res["tokens_per_s"] / ar_tps
@@ -203,7 +216,8 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
         "tf_drafter": models.specs["transformer"], "device": str(models.device),
         "dtype": str(models.dtype).removeprefix("torch."), "max_new_tokens": max_new_tokens,
         "temperature": temperature, "repeats": repeats, "prompts": len(prompts), "lookup_tokens": lookup_tokens,
-        "shared_bandit": shared_bandit,
+        "shared_bandit": shared_bandit, "arms": arms or DEFAULT_ARMS, "reward": reward,
+        "lambda_ucb": lambda_ucb if lambda_ucb is not None else GenerationConfig.lambda_ucb,
         "torch_threads": torch.get_num_threads()}, "methods": results}
 
 

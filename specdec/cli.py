@@ -72,7 +72,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--prompts", nargs="*", default=None, help="JSONL files (default: assets/prompts/*.jsonl)")
     b.add_argument("--methods",
                    default="ar,mamba-ucb,mamba-chain,mamba-tree,tf-tree,lookup-chain,hf-ar,hf-assisted,hf-lookup",
-                   help="comma-separated; a fixed shape as name:tree, e.g. mamba-tree:3;2;1 (';' inside the tree)")
+                   help="comma-separated; a fixed shape as name:tree, e.g. mamba-tree:3;2;1 (';' inside the tree); "
+                        "a bandit's reward as name@reward, e.g. mamba-ucb@throughput")
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--temperature", type=float, default=0.0)
     b.add_argument("--repeats", type=int, default=1)
@@ -80,6 +81,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for hf-lookup")
     b.add_argument("--shared-bandit", action="store_true", help="*-ucb methods keep one bandit across prompts")
+    b.add_argument("--arms", default=None, help=f"bandit arms for *-ucb (default '{DEFAULT_ARMS}')")
+    b.add_argument("--reward", default="paper", choices=["paper", "throughput"], help="bandit reward for *-ucb")
+    b.add_argument("--lambda-ucb", type=float, default=None, help="bandit exploration weight for *-ucb")
     b.add_argument("--context-lengths", default=None, help="e.g. 256,1024,4096: drafter latency/memory study")
     b.add_argument("--out", default="results.json")
     b.add_argument("--csv", default=None)
@@ -111,7 +115,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise ValueError("max_new_tokens must be at least 1")
         prompts = bench.load_prompts(args.prompts, args.limit)
         result.update(bench.benchmark(models, prompts, methods, args.max_new_tokens, args.temperature, args.repeats,
-                                      args.seed, args.lookup_tokens, args.shared_bandit, log=log))
+                                      args.seed, args.lookup_tokens, args.shared_bandit, args.arms, args.reward,
+                                      args.lambda_ucb, log=log))
         print(bench.markdown_table(result))
         if args.csv:
             bench.write_csv(result, args.csv)

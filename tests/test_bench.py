@@ -51,6 +51,19 @@ def test_sampling_benchmark_has_no_identity(tiny_models, prompts):
 def test_unknown_method_is_refused():
     with pytest.raises(ValueError, match="unknown method"):
         bench.parse_method("fast-please")
+    with pytest.raises(ValueError, match="@"):
+        bench.parse_method("mamba-chain@throughput")  # only a bandit has a reward
+
+
+def test_bandit_settings_per_method(tiny_models, prompts):
+    assert bench.parse_method("mamba-ucb@throughput") == ("mamba-ucb", None, "throughput")
+    methods = ["ar", "mamba-ucb", "mamba-ucb@throughput"]
+    result = bench.benchmark(tiny_models, prompts[:2], methods, max_new_tokens=10, arms="0; 2,1", shared_bandit=True,
+                             log=lambda _: None)
+    assert result["config"]["arms"] == "0; 2,1" and result["config"]["reward"] == "paper"
+    for name in methods[1:]:
+        assert result["methods"][name]["identical_to_ar"] is True
+    assert [result["methods"][m]["reward"] for m in methods] == [None, "paper", "throughput"]
 
 
 def test_context_study(tiny_models, tmp_path):
