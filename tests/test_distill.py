@@ -8,8 +8,8 @@ from transformers import AutoModelForCausalLM
 
 from specdec.distill import corpus, teacher
 from specdec.distill.export import save_drafter
-from specdec.distill.train import (TrainConfig, build_drafter, distill_loss, greedy_acceptance, load_run,
-                                    mamba_hidden, train)
+from specdec.distill.train import (LinearRecurrence, TrainConfig, build_drafter, distill_loss, greedy_acceptance,
+                                    load_run, mamba_hidden, train)
 from tests.tiny import tiny_llama
 
 VOCAB = 64
@@ -123,6 +123,19 @@ def test_trainable_mamba_forward_matches_the_reference():
     ids = torch.randint(0, VOCAB, (2, 11))
     with torch.no_grad():
         assert torch.allclose(mamba_hidden(model, ids), model.backbone(input_ids=ids).last_hidden_state, atol=1e-5)
+
+
+def test_linear_recurrence_and_its_backward():
+    """h_t = a_t h_{t-1} + b_t: values against a plain loop, gradients against finite differences."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(7, 2, 3, dtype=torch.double, generator=g, requires_grad=True)
+    b = torch.randn(7, 2, 3, dtype=torch.double, generator=g, requires_grad=True)
+    h, expected = torch.zeros(2, 3, dtype=torch.double), []
+    for t in range(7):
+        h = a[t] * h + b[t]
+        expected.append(h)
+    torch.testing.assert_close(LinearRecurrence.apply(a, b), torch.stack(expected))
+    assert torch.autograd.gradcheck(LinearRecurrence.apply, (a, b))
 
 
 def test_batched_greedy_decoding_matches_generate(data):

@@ -42,8 +42,9 @@ def stage_teacher(args: argparse.Namespace) -> None:
 
 
 def stage_train(args: argparse.Namespace) -> None:
-    from specdec.distill.train import TrainConfig, train
+    from specdec.distill.train import TrainConfig, reuse_freed_memory, train
 
+    reuse_freed_memory()  # this process only trains
     config = TrainConfig(arch=args.arch, minutes=args.minutes, max_tokens=args.max_tokens, seq_len=args.seq_len,
                          batch_size=args.train_batch, lr=args.lr, draft_vocab=args.draft_vocab, seed=args.seed,
                          response_share=args.response_share,
