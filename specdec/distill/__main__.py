@@ -28,7 +28,9 @@ def stage_corpus(args: argparse.Namespace) -> None:
 
 def stage_teacher(args: argparse.Namespace) -> None:
     from specdec.distill import teacher
+    from specdec.distill.train import reuse_freed_memory
 
+    reuse_freed_memory()  # this process only labels: logits of [batch, length, V] come and go
     target = _target(args, args.teacher_dtype)
     corpus, out = args.data / "corpus", args.data / "teacher"
     common = dict(batch_size=args.batch_size, shard_prompts=args.shard_prompts, max_new_tokens=args.max_new_tokens,
@@ -44,7 +46,7 @@ def stage_teacher(args: argparse.Namespace) -> None:
 def stage_train(args: argparse.Namespace) -> None:
     from specdec.distill.train import TrainConfig, reuse_freed_memory, train
 
-    reuse_freed_memory()  # this process only trains
+    reuse_freed_memory()  # this process only trains: 100+ MB activations come and go every step
     config = TrainConfig(arch=args.arch, minutes=args.minutes, max_tokens=args.max_tokens, seq_len=args.seq_len,
                          batch_size=args.train_batch, lr=args.lr, draft_vocab=args.draft_vocab, seed=args.seed,
                          response_share=args.response_share,
