@@ -1,9 +1,11 @@
 """Tree attention: one pass over a tree gives the logits of running each branch on its own."""
 
+import threading
+
 import pytest
 import torch
 
-from specdec.kvcache import TreeLM
+from specdec.kvcache import SLOW_HEAD_ROWS, TreeLM, padded_rows
 from specdec.tree import TreeShape
 from tests.tiny import tiny_llama
 
@@ -82,3 +84,18 @@ def test_output_layer_row_padding_changes_no_logit(n):
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     assert seen == [4 if n in (2, 3) else n, n]
     assert len(model.get_output_embeddings()._forward_hooks) == 1  # only the test's own hook is left
+
+
+def test_row_padding_leaves_other_threads_alone():
+    model = tiny_llama(11, seed=8)
+    head = model.get_output_embeddings()
+    seen: list[int] = []
+    head.register_forward_hook(lambda module, args, out: seen.append(args[0].shape[-2]))
+    other: list[torch.Tensor] = []
+    with padded_rows(head, SLOW_HEAD_ROWS):
+        worker = threading.Thread(target=lambda: other.append(model(input_ids=torch.tensor([[1, 2]])).logits))
+        worker.start()
+        worker.join()
+        mine = model(input_ids=torch.tensor([[1, 2]])).logits
+    assert seen == [2, 4]  # the other thread's call was not padded, this thread's was
+    assert other[0].shape == mine.shape == (1, 2, 11)
