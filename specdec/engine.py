@@ -18,7 +18,7 @@ from specdec.bandit import UCBBandit
 from specdec.config import GenerationConfig
 from specdec.drafters import Drafter, LookupDrafter, MambaDrafter, NoDrafter, Sampler, TransformerDrafter
 from specdec.drafters.base import DraftTree
-from specdec.kvcache import TreeLM
+from specdec.kvcache import CPU_BLOCK_PADDING, TreeLM
 from specdec.models import Models
 from specdec.records import BanditSnapshot, EmittedToken, RoundRecord, Summary, TreeNode
 from specdec.sampling import Acceptance, accept_greedy, accept_sampling, logits_to_probs
@@ -135,7 +135,7 @@ def generate(models: Models, prompt: str, config: GenerationConfig, stop: thread
         raise ValueError("the bandit passed in was made for other arms or reward settings")
     generator = torch.Generator(device=device).manual_seed(config.seed)
     sampler = Sampler(config.temperature, config.top_p, generator)
-    verifier = TreeLM(target.model)
+    verifier = TreeLM(target.model, pad_blocks=CPU_BLOCK_PADDING if device.type == "cpu" else None)
     detok = Detokenizer(tokenizer)
 
     t0 = time.perf_counter()

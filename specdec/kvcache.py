@@ -9,9 +9,6 @@ from the prefix, and drops the rest.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -29,52 +26,22 @@ def tree_attention_mask(prefix_len: int, anc: torch.Tensor, rows: slice, dtype: 
     return mask[None, None].to(device)  # [1, 1, n_rows, prefix_len + S]
 
 
-SLOW_HEAD_ROWS = {2: 4, 3: 4}  # on a CPU: rows fed to the output layer -> rows it is given instead
-
-
-@contextmanager
-def padded_rows(layer: torch.nn.Module, pad_to: dict[int, int]) -> Iterator[None]:
-    """While active, `layer` (the output layer) sees an [..., n, d] input padded with zero rows to `pad_to[n]` rows,
-    and its output is cut back to n rows. Only calls from the thread that entered are touched, so other threads
-    may use the same model meanwhile.
-
-    Measured on this project's 2-core CPU (MKL sgemm, AVX-512, fp32), the [rows, 576] x [576, 49152] output layer
-    took 9.6 ms for 1 row, 22 ms for 2, 35 ms for 3 and 17 ms for 4, so verifying a 2-3-token tree cost more
-    than a 4-token one. Padding through the model's own module keeps any logit post-processing (scales,
-    soft-capping) the model's.
-    """
-    if not pad_to:
-        yield
-        return
-    owner, rows = threading.get_ident(), []
-
-    def pad(module, args):
-        if threading.get_ident() != owner:
-            return None
-        x = args[0]
-        rows.append(x.shape[-2])
-        if rows[-1] not in pad_to:
-            return None
-        return (torch.nn.functional.pad(x, (0, 0, 0, pad_to[rows[-1]] - rows[-1])), *args[1:])
-
-    def cut(module, args, output):
-        if threading.get_ident() != owner:
-            return None
-        return output[..., : rows.pop(), :]
-
-    handles = [layer.register_forward_pre_hook(pad), layer.register_forward_hook(cut)]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
+# Measured on this project's 2-core CPU (fp32, MKL, AVX-512), one SmolLM2-135M pass over n new tokens after 300
+# cached ones: n=1 55 ms, 2 88, 3 108, 4 79, 5 86, 6 107, 8 87: PyTorch's CPU matmuls run 2-3 (and 6-7) rows
+# slower than 4 (and 8). A verifier on a CPU therefore pads such blocks with throw-away tokens.
+CPU_BLOCK_PADDING = {2: 4, 3: 4, 6: 8, 7: 8}
 
 
 class TreeLM:
     """Wraps a Hugging Face causal LM; one sequence (batch 1) per instance."""
 
-    def __init__(self, model: PreTrainedModel, head_ids: torch.Tensor | None = None) -> None:
-        """`head_ids`: score only these token ids (a reduced draft head); the returned logits are -inf elsewhere."""
+    def __init__(self, model: PreTrainedModel, head_ids: torch.Tensor | None = None,
+                 pad_blocks: dict[int, int] | None = None) -> None:
+        """`head_ids`: score only these token ids (a reduced draft head); the returned logits are -inf elsewhere.
+
+        `pad_blocks` {n: m}: a block of n tokens that opens the speculative region is run as m tokens, the extra
+        ones attached to the prefix and dropped at `commit` (see `CPU_BLOCK_PADDING`).
+        """
         config = model.config
         layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
         if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True) or \
@@ -85,7 +52,7 @@ class TreeLM:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.head_ids = head_ids.to(self.device) if head_ids is not None else None
-        self.head_padding = SLOW_HEAD_ROWS if self.device.type == "cpu" else {}
+        self.pad_blocks = pad_blocks or {}
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         if self.head_ids is not None:
             self.head_weight = model.get_output_embeddings().weight[self.head_ids]  # [H, d]
@@ -96,11 +63,17 @@ class TreeLM:
         self.length = 0  # committed tokens in the cache
         self.parents: list[int] = []  # speculative region: parent of each entry (-1 = the prefix)
         self.depths: list[int] = []  # 0 for entries attached to the prefix
+        self.padding = 0  # throw-away entries at the end of the region
 
     @torch.inference_mode()
     def extend(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
         """Feed `tokens` into the speculative region; `parents` index the region (-1 = prefix). -> logits [n, V]."""
-        start = len(self.parents)
+        if self.padding:
+            raise ValueError("a padded block must be committed before more tokens are fed")
+        start, n = len(self.parents), len(tokens)
+        if start == 0 and n in self.pad_blocks:
+            self.padding = self.pad_blocks[n] - n
+            tokens, parents = [*tokens, *[tokens[0]] * self.padding], [*parents, *[-1] * self.padding]
         for i, parent in enumerate(parents):
             if parent >= start + i:
                 raise ValueError("a token's parent must come before it")
@@ -115,9 +88,8 @@ class TreeLM:
             mask = tree_attention_mask(self.length, anc, slice(start, None), self.dtype, self.device)
         inputs = dict(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self.cache, use_cache=True)
         if self.head_ids is None:
-            with padded_rows(self.model.get_output_embeddings(), self.head_padding):
-                return self.model(**inputs).logits[0]  # [n, V]
-        h = self.model.base_model(**inputs).last_hidden_state[0]  # [n, d]
+            return self.model(**inputs).logits[0, :n]  # [n, V]
+        h = self.model.base_model(**inputs).last_hidden_state[0, :n]  # [n, d]
         scores = (h @ self.head_weight.T).float()  # [n, H]
         return scatter_head(scores, self.head_ids, self.vocab_size)  # [n, V_model]
 
@@ -128,13 +100,20 @@ class TreeLM:
             if self.parents[node] != expected_parent:
                 raise ValueError(f"entries {keep} do not form a chain from the prefix")
         region = len(self.parents)
-        if keep != list(range(len(keep))) or len(keep) != region:
+        if any(k >= region - self.padding for k in keep):
+            raise ValueError("padding entries cannot be kept")
+        if keep == list(range(len(keep))):  # a prefix of the region: cut the tail
+            if len(keep) != region:
+                end = self.length + len(keep)
+                for layer in self.cache.layers:
+                    layer.keys, layer.values = layer.keys[..., :end, :], layer.values[..., :end, :]
+        else:
             index = torch.tensor(list(range(self.length)) + [self.length + k for k in keep], device=self.device)
             for layer in self.cache.layers:
                 layer.keys = layer.keys.index_select(-2, index)
                 layer.values = layer.values.index_select(-2, index)
         self.length += len(keep)
-        self.parents, self.depths = [], []
+        self.parents, self.depths, self.padding = [], [], 0
 
     def feed(self, tokens: list[int]) -> torch.Tensor:
         """Append a plain chain of tokens to the committed prefix. -> logits [n, V]."""
