@@ -176,13 +176,13 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
         methods, parsed = ["ar", *methods], [("ar", None, None), *parsed]
     greedy = temperature == 0.0
     bandits: dict[str, UCBBandit] = {}
-    ucb = {"arms": arms, "reward": reward, **({"lambda_ucb": lambda_ucb} if lambda_ucb is not None else {})}
+    exploration = {"lambda_ucb": lambda_ucb} if lambda_ucb is not None else {}
 
     def once(name: str, base: str, tree: str | None, method_reward: str | None, prompt: str, n_new: int,
              run_seed: int) -> Run:
         config = GenerationConfig(method=base if base in METHODS else "ar", tree=tree, temperature=temperature,
-                                  max_new_tokens=n_new, seed=run_seed,
-                                  **{**ucb, "reward": method_reward or reward}).validate()
+                                  max_new_tokens=n_new, seed=run_seed, arms=arms, reward=method_reward or reward,
+                                  **exploration).validate()
         if base in HF_METHODS:
             return run_hf(models, prompt, base, config, lookup_tokens)
         bandit = None
@@ -203,10 +203,9 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
                 runs[name].append(run)
             log(f"repeat {rep + 1}/{repeats} prompt {i + 1}/{len(prompts)} {item['id']}: " + ", ".join(
                 f"{m} {len(runs[m][-1].tokens) / runs[m][-1].seconds:.1f}" for m in methods) + " tok/s")
-    results = {name: _aggregate(runs[name], runs["ar"], greedy, base not in HF_METHODS)
-               for name, (base, _, _) in zip(methods, parsed)}
-    for name, (base, _, method_reward) in zip(methods, parsed):
-        results[name]["reward"] = (method_reward or reward) if base.endswith("-ucb") else None
+    results = {name: {**_aggregate(runs[name], runs["ar"], greedy, base not in HF_METHODS),
+                      "reward": (method_reward or reward) if base.endswith("-ucb") else None}
+               for name, (base, _, method_reward) in zip(methods, parsed)}
     ar_tps = results["ar"]["tokens_per_s"]
     for res in results.values():
         res["speedup_vs_ar"] = res["tokens_per_s"] / ar_tps

@@ -9,7 +9,6 @@ from the prefix, and drops the rest.
 
 from __future__ import annotations
 
-
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
