@@ -6,6 +6,7 @@ import html
 
 from demo.plots import running_rate
 from demo.session import Session
+from demo.tree_svg import target_token
 from specdec.records import RoundRecord, Summary
 
 STOP_REASONS = {
@@ -26,26 +27,25 @@ def _count(n: int, word: str) -> str:
 def round_caption(record: RoundRecord) -> str:
     """E.g. 'Round 4: the drafter proposed 9 tokens in a (3,2,1) tree; the target accepted 3 and added 1 (bonus).'"""
     head = f"Round {record.index + 1}: "
-    added = record.emitted[-1] if record.emitted and record.emitted[-1].source != "draft" else None
-    own = f"{quoted(added.text)}, {'a bonus token' if added.source == 'bonus' else 'a correction'}" if added else ""
+    added = target_token(record)
+    own = f"{quoted(added[0])}, {'a bonus token' if added[1] == 'bonus' else 'a correction'}" if added else ""
     drafted = len(record.nodes) - 1
     if drafted <= 0:
         return head + f"nothing was drafted; the target produced 1 token on its own ({own})."
-    kind = "chain" if all(n == 1 for n in record.shape) else "tree"
+    where = "a chain" if all(n == 1 for n in record.shape) else f"a {record.shape_name} tree"
     accepted = "".join(t.text for t in record.emitted if t.source == "draft")
     took = f"accepted {record.accepted_len} ({quoted(accepted)})" if record.accepted_len else "accepted none of them"
     tail = f" and added 1 of its own ({own})" if added else ""
-    proposed = f"the drafter proposed {_count(drafted, 'token')} in a {record.shape_name} {kind}"
+    proposed = f"the drafter proposed {_count(drafted, 'token')} in {where}"
     return head + f"{proposed}; the target {took}{tail}."
 
 
 def summary_caption(summary: Summary) -> str:
     """E.g. 'Done: 64 tokens in 18 rounds (3.6 per round) at 41.2 tokens/s; stopped because it reached the limit.'"""
-    per_round = summary.new_tokens / summary.rounds if summary.rounds else 0.0
     why = STOP_REASONS.get(summary.stop_reason, summary.stop_reason)
     rate = f"; {summary.acceptance_rate:.0%} of checked drafts accepted" if summary.acceptance_rate is not None else ""
     return (f"Done: {_count(summary.new_tokens, 'token')} in {_count(summary.rounds, 'round')} "
-            f"({per_round:.1f} per round) at {summary.tokens_per_s:.1f} tokens/s{rate}; stopped because {why}.")
+            f"({summary.mean_accepted_len:.1f} per round) at {summary.tokens_per_s:.1f} tokens/s{rate}; stopped because {why}.")
 
 
 def status_text(session: Session, live: bool) -> str:

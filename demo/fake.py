@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 
 from specdec.records import ArmStat, BanditSnapshot, EmittedToken, RoundRecord, Summary, TreeNode
+from specdec.tree import TreeShape, parse_shape
 
 TEXT = ("Speculative decoding lets a small drafter guess several tokens ahead , and the large target checks every "
         "guess in one pass . Accepted guesses are free tokens ; a rejected guess costs little , because the target "
@@ -21,11 +22,7 @@ ARMS = ((3,), (5,), (2, 1, 1, 1), (2, 2, 1, 1), (3, 1, 1))
 
 
 def shape_name(shape: tuple[int, ...]) -> str:
-    return "(" + ",".join(map(str, shape)) + ")"
-
-
-def parse(text: str) -> tuple[int, ...]:
-    return tuple(int(n) for n in text.replace("(", "").replace(")", "").split(",") if n.strip())
+    return TreeShape(shape).name  # as the engine names shapes: "chain 3", "(2,1,1)"
 
 
 def draft_tree(shape: tuple[int, ...], rng: random.Random, start: int, accept_p: float) -> tuple[list[TreeNode], int]:
@@ -57,7 +54,7 @@ def fake_generate(models: object, prompt: str, config: object, stop: threading.E
     rng = random.Random(getattr(config, "seed", 0))
     method = getattr(config, "method", "mamba-ucb")
     limit = getattr(config, "max_new_tokens", 32)
-    fixed = parse(getattr(config, "tree", None) or "2,2,1,1")
+    fixed = parse_shape(getattr(config, "tree", None) or "2,2,1,1").widths
     pulls, rewards = [0] * len(ARMS), [0.0] * len(ARMS)
     emitted_total, ms_total, rounds = 0, 0.0, []
     while emitted_total < limit:
@@ -84,7 +81,7 @@ def fake_generate(models: object, prompt: str, config: object, stop: threading.E
                      enumerate(zip(ARMS, pulls, strict=True))]
             bandit = BanditSnapshot(stats, chosen, getattr(config, "reward", "paper"), -1.0 / max(len(emitted), 1))
         rounds.append(RoundRecord(
-            len(rounds), list(shape), shape_name(shape) if shape else "none", nodes, emitted,
+            len(rounds), list(shape), shape_name(shape), nodes, emitted,
             sum(t.source == "draft" for t in emitted), draft_ms, verify_ms, draft_ms + verify_ms, emitted_total,
             ms_total / 1000, 400_000_000 + 1000 * emitted_total, None, None, 90_000 if shape else 0,
             9216 * (len(prompt) // 4 + emitted_total), bandit))

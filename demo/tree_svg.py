@@ -45,7 +45,7 @@ def boxes(record: RoundRecord) -> list[Box]:
     """The tree's nodes plus the extra target node, hung under the deepest accepted node (or the root)."""
     out = []
     for n in record.nodes:
-        kind = "root" if n.parent < 0 else n.status
+        kind = n.status
         tip = f"“{n.text}” · depth {n.depth} · {kind.replace('_', ' ')}"
         if n.parent >= 0:
             tip += f"\nq (drafter) = {n.q:.3f}\np (target) = {n.p:.3f}"

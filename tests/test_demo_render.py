@@ -155,7 +155,7 @@ def test_round_caption_says_what_happened():
         "Round 1: the drafter proposed 4 tokens in a (2,1) tree; the target accepted 1 (“ cat”) "
         "and added 1 of its own (“ ran”, a correction).")
     assert round_caption(chain_with_bonus()) == (
-        "Round 5: the drafter proposed 3 tokens in a (1,1,1) chain; the target accepted 3 (“ t1 t2 t3”) "
+        "Round 5: the drafter proposed 3 tokens in a chain; the target accepted 3 (“ t1 t2 t3”) "
         "and added 1 of its own (“↵”, a bonus token).")
 
 
@@ -169,7 +169,7 @@ def test_round_caption_for_rejections_and_target_only():
 
 
 def summary(method="mamba-ucb", tokens_per_s=40.0, rounds=10, ids=(1, 2, 3), reason="max_new_tokens") -> Summary:
-    return Summary(method, "abc", list(ids), len(ids), rounds, 5.0, 1.0, tokens_per_s, 2.0, 0.5, 30, reason)
+    return Summary(method, "abc", list(ids), len(ids), rounds, 5.0, 1.0, tokens_per_s, len(ids) / rounds, 0.5, 30, reason)
 
 
 def test_summary_caption():
