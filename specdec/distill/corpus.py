@@ -220,7 +220,8 @@ def build_prompts(per_domain: int, eval_per_domain: int, seed: int = 0) -> list[
             "summary": lambda split: rng.choice(SUMMARY_TEMPLATES).format(text=rng.choice(passages[split])),
         }
         evals = _unique(lambda: makers[domain]("eval"), eval_per_domain)
-        trains = [t for t in _unique(lambda: makers[domain]("train"), per_domain) if t not in set(evals)]
+        eval_texts = set(evals)
+        trains = [t for t in _unique(lambda: makers[domain]("train"), per_domain) if t not in eval_texts]
         rng.shuffle(trains)
         prompts += [Prompt(f"{domain}-eval-{i:04d}", domain, "eval", t) for i, t in enumerate(evals)]
         prompts += [Prompt(f"{domain}-{i:05d}", domain, "train", t) for i, t in enumerate(trains)]

@@ -24,6 +24,7 @@ from tqdm import tqdm
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.distill.corpus import DOMAINS, Prompt, read_documents, read_prompts
+from specdec.engine import encode_prompt
 
 Shard = dict
 
@@ -58,11 +59,6 @@ def _pack(sequences: list[dict], split: str, k: int) -> Shard:
         "domains": [s["domain"] for s in sequences],
         "split": split,
     }
-
-
-def chat_ids(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
-    messages = [{"role": "user", "content": prompt}]
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
 
 
 @torch.inference_mode()
@@ -104,7 +100,7 @@ def generate_batch(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, p
     top-k comes free from the prefill pass (the target's law on user text).
     """
     eos = tokenizer.eos_token_id
-    prompt_ids = [chat_ids(tokenizer, p.text) for p in prompts]
+    prompt_ids = [encode_prompt(tokenizer, p.text) for p in prompts]  # as the engine will
     width = max(map(len, prompt_ids))
     input_ids = torch.full((len(prompts), width), eos, dtype=torch.long)
     mask = torch.zeros_like(input_ids)
@@ -181,10 +177,7 @@ def _pending(folder: Path, shards: list, minutes: float | None, desc: str) -> It
 @torch.inference_mode()
 def label_windows(model: PreTrainedModel, windows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """One target forward over [B, L] token windows: top-k of log p at every position."""
-    logits = model(input_ids=windows).logits  # [B, L, V]
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    values, ids = logp.topk(k, dim=-1)  # [B, L, k]
-    return ids.to(torch.int32), values.to(torch.float16)
+    return top_k_logp(model(input_ids=windows).logits, k)  # [B, L, k] twice
 
 
 def text_windows(tokenizer: PreTrainedTokenizerBase, corpus: Path, length: int) -> list[tuple[str, torch.Tensor]]:

@@ -24,6 +24,7 @@ from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, MambaConfig, MambaForCausalLM, PreTrainedModel
 
 from specdec.distill.teacher import Shard, load_shards
+from specdec.vocab import load_draft_vocab
 
 
 @dataclass
@@ -109,10 +110,6 @@ class Stream:
         self.label = torch.cat([s["known"] for s in shards])  # [N] positions with a teacher top-k
         self.topk_ids = torch.cat([s["topk_ids"] for s in shards]).long()  # [N, k]
         self.topk_logp = torch.cat([s["topk_logp"] for s in shards]).float()  # [N, k]
-
-    @property
-    def labelled(self) -> int:
-        return int(self.label.sum())
 
     def windows(self, n: int, length: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
         starts = torch.randint(0, len(self.tokens) - length, (n,), generator=generator)
@@ -249,31 +246,37 @@ def _progress(config: TrainConfig, wall_s: float, tokens: int) -> float:
     return max(by_time, tokens / config.max_tokens) if config.max_tokens else by_time
 
 
-def _load_or_init(run: Path, config: TrainConfig, teacher: Path, target_embedding: torch.Tensor | None,
+def _load_or_init(run: Path, config: TrainConfig, shards: list[Shard], target_embedding: torch.Tensor | None,
                   vocab_size: int) -> tuple[PreTrainedModel, torch.Tensor, dict | None]:
+    """The run's checkpoint when there is one; else a fresh drafter, with V_d chosen from the training `shards`."""
+    if (run / "ckpt.pt").exists():
+        model, draft_ids, ckpt, _ = _restore(run)
+        return model.train(), draft_ids, ckpt
     torch.manual_seed(config.seed)
     model = build_drafter(config, vocab_size)
-    ckpt = torch.load(run / "ckpt.pt", weights_only=False) if (run / "ckpt.pt").exists() else None
-    if ckpt:
-        model.load_state_dict(ckpt["model"])
-        draft_ids = torch.tensor(json.loads((run / "draft_vocab.json").read_text())["token_ids"])
-        return model, draft_ids, ckpt
     if target_embedding is not None:
         model.get_input_embeddings().weight.data.copy_(project_embedding(target_embedding, config.hidden))
-    draft_ids = choose_draft_vocab(load_shards(teacher / "responses" / "train") + load_shards(teacher / "text"),
-                                   config.draft_vocab, vocab_size)
+    draft_ids = choose_draft_vocab(shards, config.draft_vocab, vocab_size)
     (run / "draft_vocab.json").write_text(json.dumps({"token_ids": draft_ids.tolist()}))
     (run / "train_config.json").write_text(json.dumps({**asdict(config), "vocab_size": vocab_size}, indent=1))
     return model, draft_ids, None
 
 
+def _restore(run: Path) -> tuple[PreTrainedModel, torch.Tensor, dict, dict]:
+    """(drafter with the last checkpoint's weights, V_d, the checkpoint, the run's saved TrainConfig fields)."""
+    saved = json.loads((run / "train_config.json").read_text())
+    model = build_drafter(TrainConfig(**{k: v for k, v in saved.items() if k != "vocab_size"}), saved["vocab_size"])
+    ckpt = torch.load(run / "ckpt.pt", weights_only=False)
+    model.load_state_dict(ckpt["model"])
+    return model, load_draft_vocab(str(run)), ckpt, saved
+
+
 def load_run(run: Path) -> tuple[PreTrainedModel, torch.Tensor, dict]:
     """The drafter of a run's last checkpoint, its V_d, and the run's counters (step, tokens, wall_s, ...)."""
-    saved = json.loads((run / "train_config.json").read_text())
-    vocab_size = saved.pop("vocab_size")
-    model, draft_ids, ckpt = _load_or_init(run, TrainConfig(**saved), run, None, vocab_size)
+    model, draft_ids, ckpt, saved = _restore(run)
     counters = {key: ckpt[key] for key in ("step", "tokens", "labelled", "wall_s")}
-    return model.eval(), draft_ids, {**counters, "config": saved}
+    config = {k: v for k, v in saved.items() if k != "vocab_size"}
+    return model.eval(), draft_ids, {**counters, "config": config}
 
 
 def _save(run: Path, model: PreTrainedModel, optimizer: torch.optim.Optimizer, state: dict) -> None:
@@ -293,7 +296,8 @@ def train(teacher: Path, run: Path, config: TrainConfig, target_embedding: torch
     if config.threads:
         torch.set_num_threads(config.threads)
     run.mkdir(parents=True, exist_ok=True)
-    model, draft_ids, ckpt = _load_or_init(run, config, teacher, target_embedding, vocab_size)
+    response_shards, text_shards = load_shards(teacher / "responses" / "train"), load_shards(teacher / "text")
+    model, draft_ids, ckpt = _load_or_init(run, config, response_shards + text_shards, target_embedding, vocab_size)
     lut = torch.full((vocab_size,), -1, dtype=torch.long)
     lut[draft_ids] = torch.arange(len(draft_ids))
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.01)
@@ -303,8 +307,7 @@ def train(teacher: Path, run: Path, config: TrainConfig, target_embedding: torch
         optimizer.load_state_dict(ckpt["optimizer"])
         state = {key: ckpt[key] for key in state}
         generator.set_state(ckpt["generator"])
-    responses = Stream(load_shards(teacher / "responses" / "train"))
-    text_shards = load_shards(teacher / "text")
+    responses = Stream(response_shards)
     n_resp = round(config.batch_size * config.response_share) if text_shards else config.batch_size
     streams = [(responses, n_resp)] + ([(Stream(text_shards), config.batch_size - n_resp)] if text_shards else [])
     held_out = load_shards(teacher / "responses" / "eval")
