@@ -8,8 +8,16 @@ from transformers import AutoModelForCausalLM
 
 from specdec.distill import corpus, teacher
 from specdec.distill.export import save_drafter
-from specdec.distill.train import (LinearRecurrence, TrainConfig, build_drafter, distill_loss, greedy_acceptance,
-                                    load_run, mamba_hidden, train)
+from specdec.distill.train import (
+    LinearRecurrence,
+    TrainConfig,
+    build_drafter,
+    distill_loss,
+    greedy_acceptance,
+    load_run,
+    mamba_hidden,
+    train,
+)
 from tests.tiny import tiny_llama
 
 VOCAB = 64
