@@ -18,6 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -269,11 +270,13 @@ def write_csv(result: dict, path: str) -> None:
 
 # --- context-length study ----------------------------------------------------------------------------------
 @torch.inference_mode()
-def context_study(models: Models, lengths: list[int], steps: int = 32, log=print) -> dict:
+def context_study(models: Models, lengths: list[int], steps: int = 200, log=print) -> dict:
     """Per context length: drafter step latency (batch 1) and drafter memory, for the Mamba and Transformer drafters.
 
     Mamba's memory is its state (conv window + SSM state per layer), the same at any length; the Transformer's is
-    its KV cache, which grows with the context, and so does the attention part of each step.
+    its KV cache, which grows with the context, and so does the attention part of each step. Every length's
+    caches are built first and the steps are then timed round-robin (each round times one step of each drafter at
+    each length), so a machine that drifts during the study slows every length alike; latency is the median.
     """
     from specdec.drafters import MambaDrafter
     from specdec.kvcache import TreeLM
@@ -284,22 +287,32 @@ def context_study(models: Models, lengths: list[int], steps: int = 32, log=print
     mamba = models.drafter("mamba")
     mamba_drafter = MambaDrafter.from_folder(mamba.model, target.vocab_size, mamba.source)
     tf = models.drafter("transformer")
-    tf_lm = TreeLM(tf.model, load_draft_vocab(tf.source))
-    rows = []
+    tf_vocab = load_draft_vocab(tf.source)
+    cases = []
     for length in lengths:
         context = (text_ids * (length // len(text_ids) + 1))[:length]
         state, _ = mamba_drafter.prefill(context)
         token = torch.tensor([context[-1]], device=models.device)
-        mamba_ms = _median_ms(lambda: mamba_drafter.step(token, state), steps, models.device)
-        tf_lm.reset()
+        tf_lm = TreeLM(tf.model, tf_vocab)
         tf_lm.feed(context[:-1])
-        tf_ms = _median_ms(lambda: _tf_step(tf_lm, context[-1]), steps, models.device)
-        row = {"context": length, "mamba_step_ms": mamba_ms, "mamba_state_bytes": state.nbytes,
-               "tf_step_ms": tf_ms, "tf_kv_bytes": tf_lm.kv_bytes}
-        log(f"context {length}: mamba {mamba_ms:.2f} ms / {row['mamba_state_bytes'] / 2**20:.2f} MiB, "
-            f"transformer {tf_ms:.2f} ms / {row['tf_kv_bytes'] / 2**20:.2f} MiB")
+        cases.append((length, state, tf_lm, partial(mamba_drafter.step, token, state),
+                      partial(_tf_step, tf_lm, context[-1])))
+    times: dict[tuple[int, str], list[float]] = {}
+    for round_ in range(steps + 1):  # round 0 warms up
+        for length, _, _, mamba_step, tf_step in cases:
+            for kind, fn in (("mamba", mamba_step), ("tf", tf_step)):
+                ms = _timed_ms(fn, models.device)
+                if round_:
+                    times.setdefault((length, kind), []).append(ms)
+    rows = []
+    for length, state, tf_lm, _, _ in cases:
+        row = {"context": length, "mamba_step_ms": statistics.median(times[length, "mamba"]),
+               "mamba_state_bytes": state.nbytes, "tf_step_ms": statistics.median(times[length, "tf"]),
+               "tf_kv_bytes": tf_lm.kv_bytes}
+        log(f"context {length}: mamba {row['mamba_step_ms']:.2f} ms / {row['mamba_state_bytes'] / 2**20:.2f} MiB, "
+            f"transformer {row['tf_step_ms']:.2f} ms / {row['tf_kv_bytes'] / 2**20:.2f} MiB")
         rows.append(row)
-    return {"mamba_drafter": mamba.name, "tf_drafter": models.specs["transformer"], "rows": rows}
+    return {"mamba_drafter": mamba.name, "tf_drafter": models.specs["transformer"], "rows": rows, "steps": steps}
 
 
 def _tf_step(lm, token: int) -> None:
@@ -307,16 +320,12 @@ def _tf_step(lm, token: int) -> None:
     lm.commit([])
 
 
-def _median_ms(fn, steps: int, device: torch.device) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+def _timed_ms(fn, device: torch.device) -> float:
+    t0 = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - t0) * 1e3
 
 
 def context_table(study: dict) -> str:

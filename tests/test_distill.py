@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specdec.distill import corpus, teacher
-from specdec.distill.export import save_drafter
+from specdec.distill.export import model_card, save_drafter
 from specdec.distill.train import (
     LinearRecurrence,
     TrainConfig,
@@ -16,6 +16,7 @@ from specdec.distill.train import (
     greedy_acceptance,
     load_run,
     mamba_hidden,
+    read_segments,
     train,
 )
 from tests.tiny import tiny_llama
@@ -114,8 +115,18 @@ def test_train_resumes_and_exports_a_loadable_drafter(data, tmp_path, arch):
     assert [point["step"] for point in curve] == [1, 2] and "all" in curve[-1]["acceptance"]
     config.max_tokens *= 2  # a larger budget: the run continues from step 2, it does not restart
     train(out / "teacher", run, config, None, VOCAB)
+    train(out / "teacher", run, config, None, VOCAB)  # budget spent: a plain resume trains nothing, logs nothing
     model, draft_ids, counters = load_run(run)
     assert counters["step"] == 4 and len(draft_ids) == 20
+    segments = read_segments(run)
+    assert [(s["from_step"], s["max_tokens"]) for s in segments] == [(0, 128), (2, 256)]
+
+    report = {"teacher_forced": {"all": 0.25, "code": 0.25}, "coverage": 0.9,
+              "latency_ms": {"drafter_fp32": 1.0, "drafter_bf16": 1.0, "target_fp32": 10.0, "ratio_fp32": 0.1}}
+    card = model_card(arch, run, report, counters, teacher.summarize(out / "teacher"), 1000, 10)
+    trains = [line for line in card.splitlines() if line.startswith("python -m specdec.distill train")]
+    assert [line.split("--max-tokens ")[1].split()[0] for line in trains] == ["128", "256"]
+    assert "continued" in card
 
     folder = save_drafter(model, draft_ids, None, tmp_path / f"{arch}-export")
     loaded = AutoModelForCausalLM.from_pretrained(folder).eval()

@@ -7,6 +7,7 @@ scores; the engine sets q = 0 elsewhere, which keeps speculative sampling exact.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -14,15 +15,14 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.distill.corpus import DOMAINS
-from specdec.distill.train import load_run
+from specdec.distill.train import load_run, read_segments
 
 
 def save_drafter(model: PreTrainedModel, draft_ids: torch.Tensor, tokenizer: PreTrainedTokenizerBase | None,
                  folder: Path, dtype: torch.dtype = torch.bfloat16) -> Path:
     """Write the drafter in `dtype` (bf16 halves the folder; the engine casts to its run dtype)."""
     folder.mkdir(parents=True, exist_ok=True)
-    model.to(dtype).save_pretrained(folder)
-    model.float()
+    copy.deepcopy(model).to(dtype).save_pretrained(folder)  # the caller's model keeps its precision
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
     (folder / "draft_vocab.json").write_text(json.dumps({"token_ids": draft_ids.tolist()}))
@@ -33,16 +33,44 @@ def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def _curve_table(run: Path) -> str:
-    rows = ["| step | labelled tokens seen (with repeats) | wall min | train loss | held-out acceptance | per domain |",
-            "|---:|---:|---:|---:|---:|---|"]
+def _curve_table(run: Path, segments: list[dict]) -> str:
+    rows = ["| step | labelled tokens seen (with repeats) | unique training tokens | wall min | train loss "
+            "| held-out acceptance | per domain |", "|---:|---:|---:|---:|---:|---:|---|"]
     for line in (run / "curve.jsonl").read_text().splitlines():
         point = json.loads(line)
         acc = point["acceptance"]
         domains = ", ".join(f"{d} {v:.3f}" for d, v in acc.items() if d != "all")
-        rows.append(f"| {point['step']} | {point['labelled']:,} | {point['wall_s'] / 60:.1f} | {point['loss']:.3f} "
-                    f"| {acc.get('all', float('nan')):.3f} | {domains} |")
+        pool = [s["unique_labelled"] for s in segments if s["from_step"] < point["step"]][-1:]
+        rows.append(f"| {point['step']} | {point['labelled']:,} | {f'{pool[0]:,}' if pool else '-'} "
+                    f"| {point['wall_s'] / 60:.1f} | {point['loss']:.3f} | {acc.get('all', float('nan')):.3f} "
+                    f"| {domains} |")
     return "\n".join(rows)
+
+
+def _segments(run: Path, config: dict, teacher_summary: dict) -> list[dict]:
+    """The run's segments (`segments.jsonl`); a run from before they were logged is one segment on today's data."""
+    segments = read_segments(run)
+    if segments:
+        return segments
+    unique = sum(v["labelled_tokens"] for k, v in teacher_summary.items() if k != "responses/eval")
+    return [{**config, "from_step": 0, "from_tokens": 0, "unique_labelled": unique,
+             "response_shards": teacher_summary["responses/train"]["shards"],
+             "text_shards": teacher_summary.get("text", {}).get("shards", 0)}]
+
+
+def _reproduce(name: str, config: dict, segments: list[dict]) -> str:
+    """The commands that rebuild the run: per segment, the teacher data it saw, then its training budget."""
+    lines = ["python -m specdec.distill corpus"]
+    for seg in segments:
+        lines.append(f"python -m specdec.distill teacher --response-shards {seg['response_shards']} "
+                     f"--text-shards {seg['text_shards']}")
+        lines.append(f"python -m specdec.distill train --arch {config['arch']} --name {name} "
+                     f"--minutes {seg['minutes']}" + (f" --max-tokens {seg['max_tokens']}" if seg['max_tokens'] else "")
+                     + f" --draft-vocab {config['draft_vocab']} --response-share {seg['response_share']} "
+                     f"--lr {seg['lr']} --seq-len {seg['seq_len']} --train-batch {seg['batch_size']} "
+                     f"--eval-every {seg['eval_every']}"
+                     + (f" --threads {seg['threads']}" if seg['threads'] else ""))
+    return "\n".join(lines)
 
 
 def _trend(run: Path, unique: int) -> str:
@@ -89,7 +117,11 @@ def model_card(name: str, run: Path, report: dict, counters: dict, teacher_summa
     data = "\n".join(f"- `{k}`: {v['labelled_tokens']:,} labelled tokens in {v['shards']} shards"
                      + (f" ({v['answer_tokens']:,} in the target's answers, the rest in prompts)"
                         if k.startswith("responses") else "") for k, v in teacher_summary.items())
-    unique = sum(v["labelled_tokens"] for k, v in teacher_summary.items() if k != "responses/eval")
+    segments = _segments(run, config, teacher_summary)
+    unique = segments[-1]["unique_labelled"]
+    budgets = "; then ".join(f"{s['minutes']} min / {s['max_tokens'] or 'no'} token cap on {s['unique_labelled']:,} "
+                             f"unique labelled tokens" + (f" (from step {s['from_step']:,})" if s["from_step"] else "")
+                             for s in segments)
     acceptance = report["teacher_forced"]["all"]
     status = ("meets" if acceptance >= 0.7 else "is below") + " the project's figure of 0.70 greedy acceptance"
     engine = report.get("engine") or {}
@@ -112,10 +144,10 @@ Held-out prompts (16 per domain) and their sources never appear in training.
 Loss H(p, q) on the target's top-k (restricted to the draft vocabulary), AdamW, lr {config['lr']}, batch
 {config['batch_size']} x {config['seq_len']} tokens ({config['response_share']:.0%} target answers, the rest labelled text),
 on {config.get('threads') or 'all'} CPU thread(s) of a 2-core machine shared with other jobs.
-Budget: {config['minutes']} min / {config['max_tokens'] or 'no'} token cap.
+Budget{' (the run was continued on more data)' if len(segments) > 1 else ''}: {budgets}.
 Spent: {counters['step']:,} steps, {counters['tokens']:,} window tokens ({counters['labelled']:,} labelled),
-{counters['wall_s'] / 60:.1f} min of training wall time: {counters['labelled'] / unique:.1f} passes over the
-{unique:,} unique labelled training tokens.
+{counters['wall_s'] / 60:.1f} min of training wall time: {counters['labelled'] / unique:.1f} passes' worth of the
+{unique:,} unique labelled training tokens it ends with.
 
 ## Status
 Held-out greedy acceptance {acceptance:.3f} {status}. {_trend(run, unique)}
@@ -124,13 +156,11 @@ Held-out greedy acceptance {acceptance:.3f} {status}. {_trend(run, unique)}
 {_measured_table(report)}
 
 ## Learning curve (held-out greedy acceptance vs teacher tokens seen)
-{_curve_table(run)}
+{_curve_table(run, segments)}
 
 ## Reproduce
 ```
-python -m specdec.distill corpus
-python -m specdec.distill teacher --response-shards {teacher_summary['responses/train']['shards']} --text-shards {teacher_summary.get('text', {}).get('shards', 0)}
-python -m specdec.distill train --arch {config['arch']} --name {name} --minutes {config['minutes']}{f" --max-tokens {config['max_tokens']}" if config['max_tokens'] else ''} --draft-vocab {config['draft_vocab']} --response-share {config['response_share']} --eval-every {config['eval_every']}{f" --threads {config['threads']}" if config['threads'] else ''}
+{_reproduce(name, config, segments)}
 python -m specdec.distill evaluate --name {name} --engine-prompts {engine.get('prompts', 0) // len(DOMAINS)} --max-new-tokens-eval {engine.get('max_new_tokens', 0)}
 python -m specdec.distill export --name {name}
 ```

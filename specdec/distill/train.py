@@ -6,7 +6,9 @@ Glossary: `p` target distribution (its top-k, renormalised), `q` drafter distrib
 Loss at every labelled position: cross-entropy H(p, q) = -Σ_{x ∈ top-k(p) ∩ V_d} p(x) log q(x), which holds the
 target's argmax (what greedy drafting must hit) and the runner-up mass (what sampled drafting needs).
 The run folder holds `ckpt.pt` (model, optimizer, counters: a stopped run resumes), `curve.jsonl` (held-out
-greedy acceptance against teacher tokens seen) and `draft_vocab.json`.
+greedy acceptance against teacher tokens seen), `draft_vocab.json` and `segments.jsonl`: one line each time the
+run is started with a new budget or on more teacher data (a run can be continued that way), which the model card
+turns into the exact commands that reproduce it.
 """
 
 from __future__ import annotations
@@ -285,6 +287,28 @@ def _save(run: Path, model: PreTrainedModel, optimizer: torch.optim.Optimizer, s
     os.replace(tmp, run / "ckpt.pt")
 
 
+SEGMENT_KEYS = ("minutes", "max_tokens", "seq_len", "batch_size", "lr", "response_share", "eval_every", "threads")
+
+
+def _log_segment(run: Path, config: TrainConfig, state: dict, response_shards: list[Shard],
+                 text_shards: list[Shard]) -> None:
+    """Append the budget and data this invocation trains under, unless they are the last segment's (a plain resume)."""
+    record = {**{key: getattr(config, key) for key in SEGMENT_KEYS}, "response_shards": len(response_shards),
+              "text_shards": len(text_shards),
+              "unique_labelled": sum(int(s["known"].sum()) for s in response_shards + text_shards)}
+    path = run / "segments.jsonl"
+    segments = read_segments(run)
+    if segments and {k: segments[-1].get(k) for k in record} == record:
+        return
+    with open(path, "a") as f:
+        f.write(json.dumps({"from_step": state["step"], "from_tokens": state["tokens"], **record}) + "\n")
+
+
+def read_segments(run: Path) -> list[dict]:
+    path = run / "segments.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
 def _batch(streams: list[tuple[Stream, int]], config: TrainConfig, generator: torch.Generator) -> tuple:
     parts = [stream.windows(n, config.seq_len, generator) for stream, n in streams if n > 0]
     return tuple(torch.cat(group) for group in zip(*parts))
@@ -307,6 +331,7 @@ def train(teacher: Path, run: Path, config: TrainConfig, target_embedding: torch
         optimizer.load_state_dict(ckpt["optimizer"])
         state = {key: ckpt[key] for key in state}
         generator.set_state(ckpt["generator"])
+    _log_segment(run, config, state, response_shards, text_shards)
     responses = Stream(response_shards)
     n_resp = round(config.batch_size * config.response_share) if text_shards else config.batch_size
     streams = [(responses, n_resp)] + ([(Stream(text_shards), config.batch_size - n_resp)] if text_shards else [])
