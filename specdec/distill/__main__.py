@@ -15,8 +15,16 @@ import torch
 from specdec.models import ASSETS, DEFAULT_TARGET, load_model
 
 
+_LOADED: dict[tuple[str, str], object] = {}
+
+
 def _target(args: argparse.Namespace, dtype: str):
-    return load_model(args.target, torch.device("cpu"), getattr(torch, dtype))
+    """The target in `dtype`, loaded once per process: `all` runs four stages that need it (two dtypes)."""
+    key = (args.target, dtype)
+    if key not in _LOADED:
+        _LOADED.clear()  # keep one copy in memory: the bf16 teacher is not needed once training starts
+        _LOADED[key] = load_model(args.target, torch.device("cpu"), getattr(torch, dtype))
+    return _LOADED[key]
 
 
 def stage_corpus(args: argparse.Namespace) -> None:
