@@ -161,10 +161,53 @@ def test_batched_greedy_decoding_matches_generate(data):
     _, model, _ = data
     prompt = torch.tensor([[2, 2, 9, 8, 7], [5, 6, 7, 8, 9]])  # row 0 left-padded with EOS
     mask = (torch.arange(5) >= torch.tensor([[2], [0]])).long()
-    _, _, answer_ids, _ = teacher.greedy_decode(model, prompt, mask, 6, 3, eos=63)
+    _, _, answer_ids, _, tokens = teacher.decode(model, prompt, mask, 6, 3, eos=63)
     expected = model.generate(input_ids=prompt, attention_mask=mask, max_new_tokens=6, do_sample=False,
                               pad_token_id=63)[:, 5:]
-    assert torch.equal(answer_ids[:, :, 0].long(), expected)
+    assert torch.equal(answer_ids[:, :, 0].long(), expected) and torch.equal(tokens, expected)
+
+
+def test_sampled_passes_label_other_answers_with_the_untempered_law(data, tmp_path):
+    out, model, tokenizer = data
+    common = dict(batch_size=4, shard_prompts=8, max_new_tokens=6, k=4)
+    teacher_dir = tmp_path / "teacher"
+    # 24 training prompts = 3 shards a pass; a total cap of 4 shards is all of pass 0 and the first of pass 1
+    teacher.generate_sampled(model, tokenizer, out / "corpus", teacher_dir, 3, 1.5, max_shards=4, **common)
+    passes = [teacher.load_shards(teacher_dir / "responses" / teacher.sampled_folder(1.5, i)) for i in range(3)]
+    assert [len(shards) for shards in passes] == [3, 1, 0]
+    greedy = teacher.load_shards(out / "teacher" / "responses" / "train")
+    sampled = passes[0]
+    assert any(not torch.equal(g["tokens"], s["tokens"]) for g, s in zip(greedy, sampled))
+    for shard in sampled:  # each answer position holds the target's own top-k after the sampled prefix
+        for a, b in zip(shard["starts"][:-1].tolist(), shard["starts"][1:].tolist()):
+            with torch.no_grad():
+                logits = model(shard["tokens"][a:b][None].long()).logits[0]
+            ids, logp = teacher.top_k_logp(logits, 4)
+            known = shard["known"][a:b]
+            assert torch.equal(ids[known], shard["topk_ids"][a:b][known])
+            torch.testing.assert_close(logp[known].float(), shard["topk_logp"][a:b][known].float(), atol=2e-2, rtol=0)
+    # a shard written again (a resumed pass) is the same shard
+    path = teacher_dir / "responses" / teacher.sampled_folder(1.5, 0) / "shard_00001.pt"
+    path.unlink()
+    teacher.generate_sampled(model, tokenizer, out / "corpus", teacher_dir, 1, 1.5, **common)
+    assert torch.equal(torch.load(path, weights_only=False)["tokens"], sampled[1]["tokens"])
+    # training reads the greedy and sampled answers, and its segment names both
+    for folder in ("train", "eval"):
+        (teacher_dir / "responses" / folder).mkdir(exist_ok=True)
+    for i, shard in enumerate(greedy):
+        teacher.save_shard(teacher_dir / "responses" / "train" / f"shard_{i:05d}.pt", shard)
+    config = TrainConfig(arch="transformer", hidden=16, tf_layers=1, max_tokens=64, seq_len=16, batch_size=4,
+                         warmup=1, draft_vocab=20, eval_every=1)
+    train(teacher_dir, tmp_path / "run", config, None, VOCAB)
+    (segment,) = read_segments(tmp_path / "run")
+    assert (segment["response_shards"], segment["sampled_passes"], segment["sampled_shards"]) == (3, 2, 4)
+    assert segment["sampling_temperature"] == 1.5 and segment["text_shards"] == 0
+    _, _, counters = load_run(tmp_path / "run")
+    report = {"teacher_forced": {"all": 0.25}, "coverage": 0.9,
+              "latency_ms": {"drafter_fp32": 1.0, "drafter_bf16": 1.0, "target_fp32": 10.0, "ratio_fp32": 0.1}}
+    card = model_card("tf", tmp_path / "run", report, counters, teacher.summarize(teacher_dir), 1000, 10)
+    assert "teacher --response-shards 3 --text-shards 0 --sampled-passes 2 --sampling-temperature 1.5 " \
+           "--sampled-shards 4" in card
 
 
 def test_coverage_of_the_draft_vocabulary(data):

@@ -46,6 +46,9 @@ def stage_teacher(args: argparse.Namespace) -> None:
     teacher.generate_responses(target.model, target.tokenizer, corpus, out, "eval", **common)
     teacher.generate_responses(target.model, target.tokenizer, corpus, out, "train", minutes=args.response_minutes,
                                max_shards=args.response_shards, **common)
+    teacher.generate_sampled(target.model, target.tokenizer, corpus, out, args.sampled_passes,
+                             args.sampling_temperature, minutes=args.sampled_minutes, max_shards=args.sampled_shards,
+                             **common)
     teacher.label_text(target.model, target.tokenizer, corpus, out, args.window, args.label_batch,
                        args.shard_windows, args.topk, minutes=args.text_minutes, max_shards=args.text_shards)
     print(json.dumps(teacher.summarize(out), indent=1))
@@ -111,6 +114,11 @@ def parser() -> argparse.ArgumentParser:
     teacher.add_argument("--response-shards", type=int, default=None, help="stop after this many answer shards")
     teacher.add_argument("--text-shards", type=int, default=None, help="stop after this many text shards")
     teacher.add_argument("--response-minutes", type=float, default=None, help="stop generating after this long")
+    teacher.add_argument("--sampled-passes", type=int, default=0,
+                         help="after the greedy answers, this many passes of sampled answers to the training prompts")
+    teacher.add_argument("--sampling-temperature", type=float, default=0.8)
+    teacher.add_argument("--sampled-shards", type=int, default=None, help="stop after this many sampled shards in all")
+    teacher.add_argument("--sampled-minutes", type=float, default=None, help="stop sampling after this long")
     teacher.add_argument("--text-minutes", type=float, default=None, help="stop labelling text after this long")
     train = p.add_argument_group("train / evaluate / export")
     train.add_argument("--arch", choices=["mamba", "transformer"], default="mamba")

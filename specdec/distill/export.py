@@ -62,8 +62,10 @@ def _reproduce(name: str, config: dict, segments: list[dict]) -> str:
     """The commands that rebuild the run: per segment, the teacher data it saw, then its training budget."""
     lines = ["python -m specdec.distill corpus"]
     for seg in segments:
+        sampled = (f" --sampled-passes {seg['sampled_passes']} --sampling-temperature {seg['sampling_temperature']:g} "
+                   f"--sampled-shards {seg['sampled_shards']}" if seg.get("sampled_shards") else "")
         lines.append(f"python -m specdec.distill teacher --response-shards {seg['response_shards']} "
-                     f"--text-shards {seg['text_shards']}")
+                     f"--text-shards {seg['text_shards']}{sampled}")
         lines.append(f"python -m specdec.distill train --arch {config['arch']} --name {name} "
                      f"--minutes {seg['minutes']}" + (f" --max-tokens {seg['max_tokens']}" if seg['max_tokens'] else "")
                      + f" --draft-vocab {config['draft_vocab']} --response-share {seg['response_share']} "
@@ -133,11 +135,13 @@ decoding with the `specdec` engine. The draft head scores {len(json.loads((run /
 token ids (`draft_vocab.json`, the target's most frequent greedy tokens); q is 0 elsewhere.
 Weights in bfloat16 ({size / 2**20:.1f} MiB folder).
 
-## Data (teacher: the target itself, bf16, greedy, top-{config.get('topk', 8)} log-probabilities)
+## Data (teacher: the target itself, bf16, top-{config.get('topk', 8)} log-probabilities)
 {data}
 
 Prompts are written templates in four domains (code, math, chat, summary) with snippets and passages from the
-Python standard library; raw text is standard-library source and documentation labelled with one target pass.
+Python standard library; `responses/train` holds the target's greedy answers to them, `responses/train-t<T>-<i>`
+(if any) answers sampled at temperature T, labelled with the untempered top-k; raw text is standard-library
+source and documentation labelled with one target pass.
 Held-out prompts (16 per domain) and their sources never appear in training.
 
 ## Training

@@ -1,8 +1,11 @@
 """Stage (b): teacher data, kept as token-id shards with the target's top-k log-probabilities.
 
 Two sources, both written as the same `Shard` layout so training reads them alike:
-- `generate_responses`: the target's own greedy answers to the corpus prompts (batched generation, chat template);
-  only answer positions carry labels, so the drafter learns `p` exactly where it will draft;
+- `generate_responses`: the target's own answers to the corpus prompts (batched generation, chat template);
+  only answer positions carry labels, so the drafter learns `p` exactly where it will draft. Greedy answers go to
+  `responses/<split>/`; sampled passes over the training prompts (`temperature` > 0, one folder per pass,
+  `responses/train-t<T>-<pass>/`) give more, different answers to the same prompts: the labels stay the target's
+  untempered top-k at every position, only the path through the answer changes;
 - `label_text`: raw text labelled with one target forward pass (~5x cheaper per token than generating).
 
 Shard layout (flat over the shard's sequences; position t holds `p(· | tokens[:t+1])`, the next-token law):
@@ -62,12 +65,12 @@ def _pack(sequences: list[dict], split: str, k: int) -> Shard:
 
 
 @torch.inference_mode()
-def greedy_decode(model: PreTrainedModel, input_ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, k: int,
-                  eos: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Batched greedy decoding of left-padded prompts [B, P] with a KV cache.
+def decode(model: PreTrainedModel, input_ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, k: int,
+           eos: int, temperature: float = 0.0, generator: torch.Generator | None = None) -> tuple[torch.Tensor, ...]:
+    """Batched decoding of left-padded prompts [B, P] with a KV cache: greedy, or sampled at `temperature`.
 
-    Returns the prompt's top-k (from the prefill pass: free labels) [B, P, k] twice, and the answer's [B, T, k]
-    twice (ids, log p); the greedy answer token at step t is ids[:, t, 0].
+    Returns the prompt's top-k (from the prefill pass: free labels) [B, P, k] twice, the answer's [B, T, k] twice
+    (ids, log p of the untempered target) and the answer tokens [B, T] (under greedy, ids[:, :, 0]).
     """
     cache = DynamicCache(config=model.config)
     positions = (mask.cumsum(-1) - 1).clamp_min(0)  # [B, P]
@@ -76,10 +79,17 @@ def greedy_decode(model: PreTrainedModel, input_ids: torch.Tensor, mask: torch.T
     prompt_ids, prompt_logp = zip(*(top_k_logp(row, k) for row in logits))  # row by row: bounded memory
     steps, last = [], logits[:, -1]  # [B, V]
     done = torch.zeros(len(input_ids), dtype=torch.bool)
+    tokens = []
     for _ in range(max_new_tokens):
         ids, logp = top_k_logp(last, k)  # [B, k]
         steps.append((ids, logp))
-        token = ids[:, 0].long().masked_fill(done, eos)  # [B]
+        if temperature > 0:
+            law = torch.softmax(last.float() / temperature, dim=-1)
+            token = torch.multinomial(law, 1, generator=generator)[:, 0]
+        else:
+            token = ids[:, 0].long()
+        token = token.masked_fill(done, eos)  # [B]
+        tokens.append(token)
         done |= token == eos
         if done.all():
             break
@@ -89,12 +99,14 @@ def greedy_decode(model: PreTrainedModel, input_ids: torch.Tensor, mask: torch.T
                      use_cache=True).logits[:, -1]
     answer_ids = torch.stack([ids for ids, _ in steps], dim=1)  # [B, T, k]
     answer_logp = torch.stack([logp for _, logp in steps], dim=1)  # [B, T, k]
-    return torch.stack(prompt_ids), torch.stack(prompt_logp), answer_ids, answer_logp
+    return torch.stack(prompt_ids), torch.stack(prompt_logp), answer_ids, answer_logp, torch.stack(tokens, dim=1)
 
 
 def generate_batch(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt],
-                   max_new_tokens: int, k: int) -> list[dict]:
-    """Greedy answers of the target to a batch of prompts, with top-k log p at each position.
+                   max_new_tokens: int, k: int, temperature: float = 0.0,
+                   generator: torch.Generator | None = None) -> list[dict]:
+    """The target's answers (greedy, or sampled at `temperature`) to a batch of prompts, with top-k log p at each
+    position.
 
     `label` marks answer positions (where the drafter will draft); `known` adds the prompt positions, whose
     top-k comes free from the prefill pass (the target's law on user text).
@@ -107,10 +119,11 @@ def generate_batch(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, p
     for row, ids in enumerate(prompt_ids):  # left padding
         input_ids[row, width - len(ids):] = torch.tensor(ids)
         mask[row, width - len(ids):] = 1
-    p_ids, p_logp, a_ids, a_logp = greedy_decode(model, input_ids, mask, max_new_tokens, k, eos)
+    p_ids, p_logp, a_ids, a_logp, answers = decode(model, input_ids, mask, max_new_tokens, k, eos, temperature,
+                                                   generator)
     sequences = []
     for row, (prompt, ids) in enumerate(zip(prompts, prompt_ids)):
-        answer = a_ids[row, :, 0].tolist()
+        answer = answers[row].tolist()
         n = answer.index(eos) + 1 if eos in answer else len(answer)
         p = len(ids)
         tokens = torch.tensor(ids + answer[:n])
@@ -138,26 +151,57 @@ def _shards_of(items: list, size: int) -> Iterator[tuple[int, list]]:
         yield index, items[start:start + size]
 
 
+def sampled_folder(temperature: float, index: int) -> str:
+    """The responses subfolder of sampled pass `index` over the training prompts."""
+    return f"train-t{temperature:g}-{index}"
+
+
 def generate_responses(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, corpus: Path, out: Path,
                        split: str, batch_size: int, shard_prompts: int, max_new_tokens: int, k: int,
-                       minutes: float | None = None, max_shards: int | None = None) -> int:
+                       minutes: float | None = None, max_shards: int | None = None, temperature: float = 0.0,
+                       sampled_pass: int = 0) -> int:
     """Write `out/responses/<split>/shard_*.pt`; existing shards are kept (resume). Returns new tokens written.
 
     `max_shards` caps the data reproducibly (shards come in a fixed order); `minutes` stops early by time.
+    With `temperature` > 0 the answers are sampled, into `responses/train-t<T>-<sampled_pass>/`; each shard's
+    sampler is seeded by (pass, shard), so a resumed pass writes what an unbroken one would have.
     """
-    folder = out / "responses" / split
+    name = sampled_folder(temperature, sampled_pass) if temperature > 0 else split
+    folder = out / "responses" / name
     folder.mkdir(parents=True, exist_ok=True)
     prompts = _interleave(read_prompts(corpus, split))
     shards = list(_shards_of(prompts, shard_prompts))[:max_shards]
     start, written = time.monotonic(), 0
-    for path, group, bar in _pending(folder, shards, minutes, f"teacher responses ({split})"):
+    for path, group, bar in _pending(folder, shards, minutes, f"teacher responses ({name})"):
+        index = int(path.stem.split("_")[1])
+        generator = torch.Generator().manual_seed(1_000_003 * (sampled_pass + 1) + index) if temperature > 0 else None
         group = sorted(group, key=lambda p: len(p.text))  # similar lengths share a batch: less padding
         sequences = [seq for _, batch in _shards_of(group, batch_size)
-                     for seq in generate_batch(model, tokenizer, batch, max_new_tokens, k)]
+                     for seq in generate_batch(model, tokenizer, batch, max_new_tokens, k, temperature, generator)]
         shard = _pack(sequences, split, k)
         save_shard(path, shard)
         written += int(shard["known"].sum())
         bar.set_postfix(tok_s=f"{written / (time.monotonic() - start):.0f}", labels=written)
+    return written
+
+
+def generate_sampled(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, corpus: Path, out: Path,
+                     passes: int, temperature: float, minutes: float | None = None, max_shards: int | None = None,
+                     **common) -> int:
+    """`passes` sampled passes over the training prompts, one after another (resumable); returns tokens written.
+
+    `max_shards` caps the shards of all passes together: since a pass is finished before the next one starts, a
+    cap names a fixed set of shards, as `generate_responses`' does. `minutes` is the time for all passes.
+    """
+    start, left, written = time.monotonic(), max_shards, 0
+    for index in range(passes):
+        left_min = None if minutes is None else minutes - (time.monotonic() - start) / 60
+        if (left_min is not None and left_min <= 0) or left == 0:
+            break
+        written += generate_responses(model, tokenizer, corpus, out, "train", minutes=left_min, max_shards=left,
+                                      temperature=temperature, sampled_pass=index, **common)
+        if left is not None:
+            left -= len(list((out / "responses" / sampled_folder(temperature, index)).glob("shard_*.pt")))
     return written
 
 

@@ -290,12 +290,25 @@ def _save(run: Path, model: PreTrainedModel, optimizer: torch.optim.Optimizer, s
 SEGMENT_KEYS = ("minutes", "max_tokens", "seq_len", "batch_size", "lr", "response_share", "eval_every", "threads")
 
 
-def _log_segment(run: Path, config: TrainConfig, state: dict, response_shards: list[Shard],
-                 text_shards: list[Shard]) -> None:
+def response_folders(teacher: Path) -> list[Path]:
+    """The training answers: `responses/train` (greedy), then any sampled passes `responses/train-t<T>-<i>`."""
+    return sorted(p for p in (teacher / "responses").glob("train*") if p.is_dir())
+
+
+def _data_record(count: dict[str, int], text_shards: int) -> dict:
+    """The data a segment trains on as the teacher's flags, from the shard count of each answer folder."""
+    sampled = [name for name in count if name != "train"]
+    record = {"response_shards": count.get("train", 0), "text_shards": text_shards}
+    if sampled:
+        record.update(sampled_passes=len(sampled), sampled_shards=sum(count[n] for n in sampled),
+                      sampling_temperature=float(sampled[0].split("-")[1][1:]))
+    return record
+
+
+def _log_segment(run: Path, config: TrainConfig, state: dict, data: dict, shards: list[Shard]) -> None:
     """Append the budget and data this invocation trains under, unless they are the last segment's (a plain resume)."""
-    record = {**{key: getattr(config, key) for key in SEGMENT_KEYS}, "response_shards": len(response_shards),
-              "text_shards": len(text_shards),
-              "unique_labelled": sum(int(s["known"].sum()) for s in response_shards + text_shards)}
+    record = {**{key: getattr(config, key) for key in SEGMENT_KEYS}, **data,
+              "unique_labelled": sum(int(s["known"].sum()) for s in shards)}
     path = run / "segments.jsonl"
     segments = read_segments(run)
     if segments and {k: segments[-1].get(k) for k in record} == record:
@@ -320,7 +333,10 @@ def train(teacher: Path, run: Path, config: TrainConfig, target_embedding: torch
     if config.threads:
         torch.set_num_threads(config.threads)
     run.mkdir(parents=True, exist_ok=True)
-    response_shards, text_shards = load_shards(teacher / "responses" / "train"), load_shards(teacher / "text")
+    answers = {folder.name: load_shards(folder) for folder in response_folders(teacher)}
+    response_shards = [shard for shards in answers.values() for shard in shards]
+    text_shards = load_shards(teacher / "text")
+    data = _data_record({name: len(shards) for name, shards in answers.items()}, len(text_shards))
     model, draft_ids, ckpt = _load_or_init(run, config, response_shards + text_shards, target_embedding, vocab_size)
     lut = torch.full((vocab_size,), -1, dtype=torch.long)
     lut[draft_ids] = torch.arange(len(draft_ids))
@@ -331,7 +347,7 @@ def train(teacher: Path, run: Path, config: TrainConfig, target_embedding: torch
         optimizer.load_state_dict(ckpt["optimizer"])
         state = {key: ckpt[key] for key in state}
         generator.set_state(ckpt["generator"])
-    _log_segment(run, config, state, response_shards, text_shards)
+    _log_segment(run, config, state, data, response_shards + text_shards)
     responses = Stream(response_shards)
     n_resp = round(config.batch_size * config.response_share) if text_shards else config.batch_size
     streams = [(responses, n_resp)] + ([(Stream(text_shards), config.batch_size - n_resp)] if text_shards else [])
