@@ -121,9 +121,9 @@ def model_card(name: str, run: Path, report: dict, counters: dict, teacher_summa
                         if k.startswith("responses") else "") for k, v in teacher_summary.items())
     segments = _segments(run, config, teacher_summary)
     unique = segments[-1]["unique_labelled"]
-    budgets = "; then ".join(f"{s['minutes']} min / {s['max_tokens'] or 'no'} token cap on {s['unique_labelled']:,} "
-                             f"unique labelled tokens" + (f" (from step {s['from_step']:,})" if s["from_step"] else "")
-                             for s in segments)
+    budgets = "; then ".join(f"{s['minutes']} min / " + (f"{s['max_tokens']:,}" if s["max_tokens"] else "no")
+                             + f" token cap on {s['unique_labelled']:,} unique labelled tokens"
+                             + (f" (from step {s['from_step']:,})" if s["from_step"] else "") for s in segments)
     acceptance = report["teacher_forced"]["all"]
     status = ("meets" if acceptance >= 0.7 else "is below") + " the project's figure of 0.70 greedy acceptance"
     engine = report.get("engine") or {}
