@@ -156,6 +156,11 @@ def sampled_folder(temperature: float, index: int) -> str:
     return f"train-t{temperature:g}-{index}"
 
 
+def sampled_temperature(folder_name: str) -> float:
+    """The temperature of a `sampled_folder` name (its inverse): "train-t0.8-1" -> 0.8."""
+    return float(folder_name.split("-")[1][1:])
+
+
 def generate_responses(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, corpus: Path, out: Path,
                        split: str, batch_size: int, shard_prompts: int, max_new_tokens: int, k: int,
                        minutes: float | None = None, max_shards: int | None = None, temperature: float = 0.0,

@@ -25,7 +25,7 @@ import torch
 from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, MambaConfig, MambaForCausalLM, PreTrainedModel
 
-from specdec.distill.teacher import Shard, load_shards
+from specdec.distill.teacher import Shard, load_shards, sampled_temperature
 from specdec.vocab import load_draft_vocab
 
 
@@ -301,7 +301,7 @@ def _data_record(count: dict[str, int], text_shards: int) -> dict:
     record = {"response_shards": count.get("train", 0), "text_shards": text_shards}
     if sampled:
         record.update(sampled_passes=len(sampled), sampled_shards=sum(count[n] for n in sampled),
-                      sampling_temperature=float(sampled[0].split("-")[1][1:]))
+                      sampling_temperature=sampled_temperature(sampled[0]))
     return record
 
 
