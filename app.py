@@ -162,23 +162,29 @@ def build_app(engine: Engine, prompts_dir: Path = ROOT / "assets" / "prompts") -
         yield begin(prompt, settings, session)
         return setup(settings, progress)
 
-    def run(prompt, method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, session,
-            progress=gr.Progress()):
-        session = session or Session()
-        settings = settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward)
+    def page_handler(handler):
+        """`handler(prompt, settings, session, progress)` as a Gradio handler of the page's 10 inputs."""
+
+        def on_page(prompt, method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, session,
+                    progress=gr.Progress()):
+            settings = settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward)
+            yield from handler(prompt, settings, session or Session(), progress)
+
+        return on_page
+
+    @page_handler
+    def run(prompt, settings, session, progress):
         config, models = yield from opening(prompt, settings, session, progress)
         yield from stream(session, engine.generate(models, session.prompt, config, session.stop,
                                                    session.memory))
         yield finish(session)
 
-    def compare(prompt, method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, session,
-                progress=gr.Progress()):
-        session = session or Session()
-        settings = settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward)
+    @page_handler
+    def compare(prompt, settings, session, progress):
         config, models = yield from opening(prompt, settings, session, progress)
         base = Session(session.prompt, {**settings, "method": "ar"}, stop=session.stop)
         base_config = engine.make_config(**base.settings)
-        label = METHODS.get(method, (method,))[0]
+        label = METHODS.get(settings["method"], (settings["method"],))[0]
 
         def panel():
             return gr.HTML(compare_html(base.rounds, base.summary, session.rounds, session.summary, label),
@@ -192,10 +198,8 @@ def build_app(engine: Engine, prompts_dir: Path = ROOT / "assets" / "prompts") -
             yield from stream(session, method_run, panel)
         yield finish(session, panel)
 
-    def step(prompt, method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, session,
-             progress=gr.Progress()):
-        session = session or Session()
-        settings = settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward)
+    @page_handler
+    def step(prompt, settings, session, progress):
         if session.stepper is None or session.settings != settings or session.prompt != (prompt or "").strip():
             config, models = yield from opening(prompt, settings, session, progress)
             session.stepper = engine.generate(models, session.prompt, config, session.stop, session.memory)
