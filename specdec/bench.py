@@ -16,6 +16,7 @@ import platform
 import statistics
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import partial
@@ -31,6 +32,7 @@ from specdec.models import Models
 from specdec.records import RoundRecord, Summary
 
 HF_METHODS = ("hf-ar", "hf-assisted", "hf-lookup")
+BANDIT_SCOPES = ("session", "prompt")
 PROMPT_DIR = Path(__file__).resolve().parent.parent / "assets" / "prompts"
 
 
@@ -104,6 +106,7 @@ class Run:
     tested: int = 0
     draft_ms: list[float] = field(default_factory=list)
     verify_ms: list[float] = field(default_factory=list)
+    arms: list[str] = field(default_factory=list)  # a bandit method's chosen arm, round by round
 
 
 def run_engine(models: Models, prompt: str, config: GenerationConfig, bandit=None) -> Run:
@@ -115,7 +118,8 @@ def run_engine(models: Models, prompt: str, config: GenerationConfig, bandit=Non
     summary: Summary = events[-1]
     return Run("", "", summary.token_ids, seconds, rss.peak, summary.rounds, summary.accepted_tokens,
                summary.tested_positions,
-               [r.draft_ms for r in rounds], [r.verify_ms for r in rounds])
+               [r.draft_ms for r in rounds], [r.verify_ms for r in rounds],
+               [r.bandit.arms[r.bandit.chosen].name for r in rounds if r.bandit is not None])
 
 
 @torch.inference_mode()
@@ -161,17 +165,23 @@ def _aggregate(runs: list[Run], ar_runs: list[Run] | None, greedy: bool, engine:
         "identical_to_ar": identical,
         "new_tokens": sum(len(r.tokens) for r in runs),
         "per_prompt_tokens_per_s": {k: statistics.mean(v) for k, v in per_prompt.items()},
+        "bandit_rounds": dict(Counter(arm for r in runs for arm in r.arms)) or None,
     }
 
 
 def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_tokens: int, temperature: float = 0.0,
-              repeats: int = 1, seed: int = 0, lookup_tokens: int = 10, shared_bandit: bool = False,
+              repeats: int = 1, seed: int = 0, lookup_tokens: int = 10, bandit_scope: str = "session",
               arms: str | None = None, reward: str = "paper", lambda_ucb: float | None = None, log=print) -> dict:
-    """Run every method on every prompt; `shared_bandit` keeps one bandit per method across prompts.
+    """Run every method on every prompt, interleaved prompt by prompt, after a warm-up.
+
+    `bandit_scope` "session" keeps one bandit per `*-ucb` method across all prompts, as the app keeps one per
+    browser session; "prompt" starts a fresh bandit on every prompt.
 
     `arms`, `reward` and `lambda_ucb` configure the `*-ucb` methods (a method's `@reward` suffix overrides
     `reward`); None keeps the engine's defaults.
     """
+    if bandit_scope not in BANDIT_SCOPES:
+        raise ValueError(f"bandit_scope must be one of {', '.join(BANDIT_SCOPES)}, not {bandit_scope!r}")
     parsed = [parse_method(m) for m in methods]
     if "ar" not in [base for base, _, _ in parsed]:
         methods, parsed = ["ar", *methods], [("ar", None, None), *parsed]
@@ -187,8 +197,10 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
         if base in HF_METHODS:
             return run_hf(models, prompt, base, config, lookup_tokens)
         bandit = None
-        if shared_bandit and config.spec.policy == "ucb":
-            bandit = bandits.setdefault(name, UCBBandit.for_config(config))
+        if bandit_scope == "session" and config.spec.policy == "ucb":
+            if name not in bandits:
+                bandits[name] = UCBBandit.for_config(config)
+            bandit = bandits[name]
         return run_engine(models, prompt, config, bandit)
 
     log(f"warm-up: {len(methods)} methods")
@@ -216,7 +228,7 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
         "tf_drafter": models.specs["transformer"], "device": str(models.device),
         "dtype": str(models.dtype).removeprefix("torch."), "max_new_tokens": max_new_tokens,
         "temperature": temperature, "repeats": repeats, "prompts": len(prompts), "lookup_tokens": lookup_tokens,
-        "shared_bandit": shared_bandit, "arms": arms or DEFAULT_ARMS, "reward": reward,
+        "bandit_scope": bandit_scope, "arms": arms or DEFAULT_ARMS, "reward": reward,
         "lambda_ucb": lambda_ucb if lambda_ucb is not None else GenerationConfig.lambda_ucb,
         "torch_threads": torch.get_num_threads()}, "methods": results}
 
@@ -255,6 +267,11 @@ def markdown_table(result: dict) -> str:
     rows.append(f"\n{c['date']}, {c['machine']}; target {c['target']} ({c['dtype']}, {c['device']}), "
                 f"drafters {c['mamba_drafter']} / {c['tf_drafter']}; {c['prompts']} prompts x {c['repeats']}, "
                 f"{c['max_new_tokens']} new tokens, temperature {c['temperature']}.")
+    for name, r in result["methods"].items():
+        if r.get("bandit_rounds"):
+            counts = ", ".join(f"{arm} {n}" for arm, n in sorted(r["bandit_rounds"].items(), key=lambda kv: -kv[1]))
+            scope = "one bandit for the whole run" if c.get("bandit_scope") == "session" else "a fresh bandit per prompt"
+            rows.append(f"\n{name} ({scope}), rounds per arm: {counts}.")
     return "\n".join(rows)
 
 

@@ -80,7 +80,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--limit", type=int, default=None, help="use the first N prompts, alternating kinds")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for hf-lookup")
-    b.add_argument("--shared-bandit", action="store_true", help="*-ucb methods keep one bandit across prompts")
+    b.add_argument("--bandit-scope", default="session", choices=["session", "prompt"],
+                   help="*-ucb methods: one bandit for the whole run, as the app keeps one per browser session "
+                        "(session), or a fresh one per prompt (prompt)")
     b.add_argument("--arms", default=None, help=f"bandit arms for *-ucb (default '{DEFAULT_ARMS}')")
     b.add_argument("--reward", default="paper", choices=["paper", "throughput"], help="bandit reward for *-ucb")
     b.add_argument("--lambda-ucb", type=float, default=None, help="bandit exploration weight for *-ucb")
@@ -115,7 +117,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise ValueError("max_new_tokens must be at least 1")
         prompts = bench.load_prompts(args.prompts, args.limit)
         result.update(bench.benchmark(models, prompts, methods, args.max_new_tokens, args.temperature, args.repeats,
-                                      args.seed, args.lookup_tokens, args.shared_bandit, args.arms, args.reward,
+                                      args.seed, args.lookup_tokens, args.bandit_scope, args.arms, args.reward,
                                       args.lambda_ucb, log=log))
         print(bench.markdown_table(result))
         if args.csv:

@@ -58,12 +58,31 @@ def test_unknown_method_is_refused():
 def test_bandit_settings_per_method(tiny_models, prompts):
     assert bench.parse_method("mamba-ucb@throughput") == ("mamba-ucb", None, "throughput")
     methods = ["ar", "mamba-ucb", "mamba-ucb@throughput"]
-    result = bench.benchmark(tiny_models, prompts[:2], methods, max_new_tokens=10, arms="0; 2,1", shared_bandit=True,
+    result = bench.benchmark(tiny_models, prompts[:2], methods, max_new_tokens=10, arms="0; 2,1",
                              log=lambda _: None)
     assert result["config"]["arms"] == "0; 2,1" and result["config"]["reward"] == "paper"
+    assert result["config"]["bandit_scope"] == "session"
     for name in methods[1:]:
         assert result["methods"][name]["identical_to_ar"] is True
+        assert set(result["methods"][name]["bandit_rounds"]) <= {"none", "(2,1)"}
     assert [result["methods"][m]["reward"] for m in methods] == [None, "paper", "throughput"]
+    assert result["methods"]["ar"]["bandit_rounds"] is None
+    assert "mamba-ucb (one bandit for the whole run), rounds per arm:" in bench.markdown_table(result)
+
+
+@pytest.mark.parametrize("scope, bandits_made", [("session", 1 + 1), ("prompt", 1 + 3)])
+def test_bandit_scope(tiny_models, prompts, scope, bandits_made, monkeypatch):
+    """One bandit for the whole run, or one per prompt (the warm-up makes one of its own either way)."""
+    made = []
+    make = bench.UCBBandit.for_config
+    monkeypatch.setattr(bench.UCBBandit, "for_config", lambda config: made.append(make(config)) or made[-1])
+    result = bench.benchmark(tiny_models, prompts[:3], ["ar", "mamba-ucb"], max_new_tokens=6, bandit_scope=scope,
+                             log=lambda _: None)
+    assert len(made) == bandits_made
+    rounds = sum(result["methods"]["mamba-ucb"]["bandit_rounds"].values())
+    assert sum(sum(b.pulls) for b in made[1:]) == rounds  # every measured round taught the measured bandit(s)
+    with pytest.raises(ValueError, match="bandit_scope"):
+        bench.benchmark(tiny_models, prompts[:1], ["ar"], max_new_tokens=2, bandit_scope="forever")
 
 
 def test_context_study(tiny_models, tmp_path):
