@@ -52,14 +52,15 @@ class Engine:
     # `memory` is a dict that lives as long as the browser session: the bandit keeps learning there across runs
 
 
-def real_engine(target: str, drafter: str, tf_drafter: str, device: str, dtype: str) -> Engine:
+def real_engine(target: str, drafter: str, tf_drafter: str, device: str, dtype: str,
+                drafter_dtype: str = "auto") -> Engine:
     """`specdec` behind the `Engine` calls; imported on first use so the page comes up at once."""
 
     @functools.cache
     def models():
         from specdec.models import Models
 
-        return Models(target, drafter, tf_drafter, device, dtype)
+        return Models(target, drafter, tf_drafter, device, dtype, drafter_dtype)
 
     def make_config(**settings):
         from specdec.config import GenerationConfig
@@ -325,13 +326,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="Transformer drafter [SPECDEC_TF_DRAFTER]")
     p.add_argument("--device", default=env("SPECDEC_DEVICE", "auto"), help="auto, cpu, cuda or mps [SPECDEC_DEVICE]")
     p.add_argument("--dtype", default=env("SPECDEC_DTYPE", "auto"),
-                   help="auto, float32, bfloat16 or float16 [SPECDEC_DTYPE]")
+                   help="target dtype: auto, float32, bfloat16 or float16 [SPECDEC_DTYPE]")
+    p.add_argument("--drafter-dtype", default=env("SPECDEC_DRAFTER_DTYPE", "auto"),
+                   help="drafter dtype: auto (bfloat16 on a CPU with native bf16, else the target's), float32, "
+                        "bfloat16 or float16 [SPECDEC_DRAFTER_DTYPE]")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    engine = real_engine(args.target, args.drafter, args.tf_drafter, args.device, args.dtype)
+    engine = real_engine(args.target, args.drafter, args.tf_drafter, args.device, args.dtype, args.drafter_dtype)
     print(f"Serving on http://{args.host}:{args.port} (models load on the first request)", flush=True)
     build_app(engine).launch(server_name=args.host, server_port=args.port, show_error=True,
                              footer_links=["api", "gradio"],

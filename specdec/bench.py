@@ -226,7 +226,8 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine_description(),
         "target": models.specs["target"], "mamba_drafter": models.specs["mamba"],
         "tf_drafter": models.specs["transformer"], "device": str(models.device),
-        "dtype": str(models.dtype).removeprefix("torch."), "max_new_tokens": max_new_tokens,
+        "dtype": str(models.dtype).removeprefix("torch."),
+        "drafter_dtype": str(models.drafter_dtype).removeprefix("torch."), "max_new_tokens": max_new_tokens,
         "temperature": temperature, "repeats": repeats, "prompts": len(prompts), "lookup_tokens": lookup_tokens,
         "bandit_scope": bandit_scope, "arms": arms or DEFAULT_ARMS, "reward": reward,
         "lambda_ucb": lambda_ucb if lambda_ucb is not None else GenerationConfig.lambda_ucb,
@@ -265,7 +266,8 @@ def markdown_table(result: dict) -> str:
                     f"{_fmt(r['peak_rss_mb'], '.0f')} | {_fmt(r['identical_to_ar'], '')} |")
     c = result["config"]
     rows.append(f"\n{c['date']}, {c['machine']}; target {c['target']} ({c['dtype']}, {c['device']}), "
-                f"drafters {c['mamba_drafter']} / {c['tf_drafter']}; {c['prompts']} prompts x {c['repeats']}, "
+                f"drafters {c['mamba_drafter']} / {c['tf_drafter']} ({c.get('drafter_dtype', c['dtype'])}); "
+                f"{c['prompts']} prompts x {c['repeats']}, "
                 f"{c['max_new_tokens']} new tokens, temperature {c['temperature']}.")
     for name, r in result["methods"].items():
         if r.get("bandit_rounds"):

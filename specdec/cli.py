@@ -11,6 +11,8 @@ from specdec.config import DEFAULT_ARMS, METHODS, GenerationConfig
 from specdec.models import DEFAULT_MAMBA, DEFAULT_TARGET, DEFAULT_TF, ModelLoadError, Models
 from specdec.records import RoundRecord, Summary
 
+DRAFTER_DTYPE_HELP = "drafter dtype: auto (bfloat16 on a CPU with native bf16, else the target's), float32, ..."
+
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:
     g = sub.add_parser("generate", help="decode one prompt and print the text (or --json)")
@@ -28,7 +30,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--lambda-gamma", type=float, default=0.1)
     g.add_argument("--reward", default="paper", choices=["paper", "throughput"])
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
-    g.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    g.add_argument("--dtype", default="auto", help="target dtype: auto, float32, bfloat16 or float16")
+    g.add_argument("--drafter-dtype", default="auto", help=DRAFTER_DTYPE_HELP)
     g.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text, without the chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming the text")
     g.add_argument("--verbose", action="store_true", help="print one line per round to stderr")
@@ -46,7 +49,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     models = Models(target=args.target,
                     mamba_drafter=args.drafter if args.drafter and drafter_kind == "mamba" else DEFAULT_MAMBA,
                     tf_drafter=args.drafter if args.drafter and drafter_kind == "transformer" else DEFAULT_TF,
-                    device=args.device, dtype=args.dtype)
+                    device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype)
     summary: Summary | None = None
     for event in generate(models, args.prompt, config, chat=not args.no_chat):
         if isinstance(event, RoundRecord):
@@ -94,7 +97,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--mamba-drafter", default=DEFAULT_MAMBA)
     b.add_argument("--tf-drafter", default=DEFAULT_TF)
     b.add_argument("--device", default="auto")
-    b.add_argument("--dtype", default="auto")
+    b.add_argument("--dtype", default="auto", help="target dtype: auto, float32, bfloat16 or float16")
+    b.add_argument("--drafter-dtype", default="auto", help=DRAFTER_DTYPE_HELP)
     b.set_defaults(func=cmd_bench)
 
 
@@ -102,7 +106,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from specdec import bench
 
     models = Models(target=args.target, mamba_drafter=args.mamba_drafter, tf_drafter=args.tf_drafter,
-                    device=args.device, dtype=args.dtype)
+                    device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype)
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     result: dict = {}
     if args.context_lengths:

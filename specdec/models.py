@@ -102,6 +102,26 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return _DTYPES[dtype]
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX); False where that cannot be read."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", flags))
+
+
+def resolve_drafter_dtype(dtype: str, device: torch.device, target_dtype: torch.dtype) -> torch.dtype:
+    """`auto` is bfloat16 on a CPU with native bf16, else the target's dtype.
+
+    A drafter's precision never touches exactness (the target checks every token against q, whatever q is), and
+    on such a CPU a bf16 drafter steps about 1.7x faster (its output layer is memory-bound).
+    """
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cpu" and cpu_has_native_bf16() else target_dtype
+    return resolve_dtype(dtype, device)
+
+
 def _package_file(package: str, filename: str) -> Path | None:
     spec = importlib.util.find_spec(package)  # locate without importing (the wheel's module needs extra deps)
     if spec is None or not spec.submodule_search_locations:
@@ -208,10 +228,12 @@ class Models:
     """The target and the drafters of one process, each loaded lazily once and shared by all sessions."""
 
     def __init__(self, target: str = DEFAULT_TARGET, mamba_drafter: str = DEFAULT_MAMBA,
-                 tf_drafter: str = DEFAULT_TF, device: str = "auto", dtype: str = "auto") -> None:
+                 tf_drafter: str = DEFAULT_TF, device: str = "auto", dtype: str = "auto",
+                 drafter_dtype: str = "auto") -> None:
         self.specs = {"target": target, "mamba": mamba_drafter, "transformer": tf_drafter}
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
+        self.drafter_dtype = resolve_drafter_dtype(drafter_dtype, self.device, self.dtype)
         self._loaded: dict[str, LoadedModel] = {}
         self._lock = threading.Lock()
 
@@ -222,6 +244,8 @@ class Models:
         models = cls(target.name, mamba.name if mamba else DEFAULT_MAMBA,
                      transformer.name if transformer else DEFAULT_TF, device=str(target.device), dtype="auto")
         models.dtype = next(target.model.parameters()).dtype
+        drafter = mamba or transformer
+        models.drafter_dtype = next(drafter.model.parameters()).dtype if drafter else models.dtype
         loaded = {"target": target, "mamba": mamba, "transformer": transformer}
         models._loaded = {role: model for role, model in loaded.items() if model is not None}
         return models
@@ -247,8 +271,9 @@ class Models:
 
     def _load_locked(self, role: str, progress: Callable[[str], None] | None) -> LoadedModel:
         spec = self.specs[role]
+        dtype = self.dtype if role == "target" else self.drafter_dtype
         if progress:
-            progress(f"loading {role} {spec} on {self.device} ({str(self.dtype).removeprefix('torch.')})")
+            progress(f"loading {role} {spec} on {self.device} ({str(dtype).removeprefix('torch.')})")
         if role == "target":
             loaded = load_model(spec, self.device, self.dtype)
             if loaded.tokenizer is None:
@@ -256,7 +281,7 @@ class Models:
             return loaded
         target = self._loaded.get("target") or self._load_locked("target", progress)
         self._loaded["target"] = target
-        loaded = load_model(spec, self.device, self.dtype, vocab_size=target.vocab_size)
+        loaded = load_model(spec, self.device, dtype, vocab_size=target.vocab_size)
         if role == "mamba" and loaded.model.config.model_type != "mamba":
             raise ModelLoadError(f"drafter {spec!r} is a {loaded.model.config.model_type} model, not Mamba")
         check_vocab(target, loaded)

@@ -215,3 +215,48 @@ def test_a_bandit_passed_in_keeps_learning_across_generations(tiny_models):
     other = GenerationConfig(method="mamba-ucb", arms="3", max_new_tokens=10)
     with pytest.raises(ValueError, match="other arms"):
         next(generate(tiny_models, PROMPT, other, chat=False, bandit=bandit))
+
+
+@pytest.fixture(scope="module")
+def bf16_drafters(tiny_models):
+    """The tiny drafters in bfloat16 beside a float32 target, as `--drafter-dtype auto` picks on a bf16 CPU."""
+    import copy
+
+    from specdec.models import LoadedModel, Models
+
+    mamba, tf = tiny_models.drafter("mamba"), tiny_models.drafter("transformer")
+    half = {m.name: LoadedModel(m.name, copy.deepcopy(m.model).to(torch.bfloat16), m.tokenizer, m.source)
+            for m in (mamba, tf)}
+    models = Models.from_loaded(tiny_models.target, half[mamba.name], half[tf.name])
+    assert models.dtype == torch.float32 and models.drafter_dtype == torch.bfloat16
+    return models
+
+
+@pytest.mark.parametrize("method, tree", [("mamba-tree", "3,2,1"), ("mamba-ucb", None), ("tf-tree", "2,3")])
+def test_a_bf16_drafter_stays_exact(bf16_drafters, tiny_models, method, tree):
+    _, ar = run(tiny_models, method="ar", max_new_tokens=40)
+    rounds, sd = run(bf16_drafters, method=method, tree=tree, max_new_tokens=40)
+    assert sd.token_ids == ar.token_ids
+    assert sum(r.accepted_len for r in rounds) > 0  # the bf16 drafter's tokens were used, not only the target's
+
+
+def test_a_bf16_drafter_samples_the_target_distribution(bf16_drafters):
+    dist = _target_distribution(bf16_drafters, 1.0)
+    counts: dict[tuple, int] = {}
+    for seed in range(RUNS):
+        _, summary = run(bf16_drafters, method="mamba-tree", tree="3,2", temperature=1.0, seed=seed,
+                         max_new_tokens=N_NEW)
+        counts[tuple(summary.token_ids)] = counts.get(tuple(summary.token_ids), 0) + 1
+    assert _chi_square(counts, dist, RUNS) > 1e-3
+
+
+@pytest.mark.parametrize("native, device, expected", [(True, "cpu", torch.bfloat16), (False, "cpu", torch.float32),
+                                                      (True, "cuda", torch.float32)])
+def test_drafter_dtype_auto(monkeypatch, native, device, expected):
+    from specdec import models
+
+    monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: native)
+    assert models.resolve_drafter_dtype("auto", torch.device(device), torch.float32) == expected
+    assert models.resolve_drafter_dtype("float16", torch.device("cpu"), torch.float32) == torch.float16
+    with pytest.raises(models.ModelLoadError, match="unknown dtype"):
+        models.resolve_drafter_dtype("int4", torch.device("cpu"), torch.float32)
