@@ -23,12 +23,12 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_app(log_path: Path, seconds: float = 90) -> Iterator[str]:
-    """Yield the URL of a freshly started app (real default models); its output goes to `log_path`."""
+def running_app(log_path: Path, seconds: float = 90, root: Path = ROOT) -> Iterator[str]:
+    """Yield the URL of a freshly started `root/app.py` (real default models); its output goes to `log_path`."""
     port = free_port()
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
     with log_path.open("w") as log:
-        proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port)], cwd=ROOT, env=env,
+        proc = subprocess.Popen([sys.executable, str(root / "app.py"), "--port", str(port)], cwd=root, env=env,
                                 stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}/"
         try:

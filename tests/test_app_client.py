@@ -7,6 +7,7 @@ Most tests drive the app in-process with `demo.fake` standing in for the engine 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -98,8 +99,25 @@ def test_flags_default_to_environment_variables(monkeypatch):
                                                                               "float32")
 
 
+def image_files(dockerfile: Path, into: Path) -> Path:
+    """Copy what the Dockerfile's `COPY` lines put into the image's app folder (not requirements.txt) to `into`."""
+    for line in dockerfile.read_text().splitlines():
+        words = [w for w in line.split() if not w.startswith("--")]
+        if words[:1] == ["COPY"] and words[1:2] != ["requirements.txt"]:
+            source, dest = ROOT / words[1], into / words[2]
+            if source.is_dir():
+                shutil.copytree(source, dest, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                dest.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, dest)
+    return into
+
+
 def test_real_app_streams_generate(tmp_path):
-    with running_app(tmp_path / "app.log") as url:
+    """The real default models, served from exactly the files the Docker image (the Space) gets."""
+    root = image_files(ROOT / "Dockerfile", tmp_path / "image")
+    assert (root / "app.py").exists() and (root / "assets" / "drafters").is_dir()
+    with running_app(tmp_path / "app.log", root=root) as url:
         job = call(Client(url, verbose=False), "/generate", prompt="Name three colours.", max_new_tokens=16)
         final = job.result(timeout=300)
         outputs = job.outputs()
