@@ -269,10 +269,10 @@ def markdown_table(result: dict) -> str:
                 f"drafters {c['mamba_drafter']} / {c['tf_drafter']} ({c.get('drafter_dtype', c['dtype'])}); "
                 f"{c['prompts']} prompts x {c['repeats']}, "
                 f"{c['max_new_tokens']} new tokens, temperature {c['temperature']}.")
+    scope = "one bandit for the whole run" if c.get("bandit_scope") == "session" else "a fresh bandit per prompt"
     for name, r in result["methods"].items():
         if r.get("bandit_rounds"):
             counts = ", ".join(f"{arm} {n}" for arm, n in sorted(r["bandit_rounds"].items(), key=lambda kv: -kv[1]))
-            scope = "one bandit for the whole run" if c.get("bandit_scope") == "session" else "a fresh bandit per prompt"
             rows.append(f"\n{name} ({scope}), rounds per arm: {counts}.")
     return "\n".join(rows)
 

@@ -11,7 +11,8 @@ from specdec.config import DEFAULT_ARMS, METHODS, GenerationConfig
 from specdec.models import DEFAULT_MAMBA, DEFAULT_TARGET, DEFAULT_TF, ModelLoadError, Models
 from specdec.records import RoundRecord, Summary
 
-DRAFTER_DTYPE_HELP = "drafter dtype: auto (bfloat16 on a CPU with native bf16, else the target's), float32, ..."
+DRAFTER_DTYPE_HELP = ("drafter dtype: auto (bfloat16 on a CPU with native bf16, else the target's), float32, "
+                      "bfloat16 or float16")
 
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:
