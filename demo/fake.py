@@ -54,7 +54,7 @@ def fake_generate(models: object, prompt: str, config: object, stop: threading.E
     rng = random.Random(getattr(config, "seed", 0))
     method = getattr(config, "method", "mamba-ucb")
     limit = getattr(config, "max_new_tokens", 32)
-    fixed = parse_shape(getattr(config, "tree", None) or "2,2,1,1").widths
+    fixed = parse_shape(getattr(config, "tree", None) or "2,1,1").widths
     pulls, rewards = [0] * len(ARMS), [0.0] * len(ARMS)
     emitted_total, ms_total, rounds = 0, 0.0, []
     while emitted_total < limit:

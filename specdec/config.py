@@ -24,10 +24,10 @@ DEFAULT_ARMS = "0; 3; 2,1,1; 2,1,1,1"
 METHODS: dict[str, Method] = {
     "ar": Method("none", "none", None, "target only: plain autoregressive decoding with the KV cache"),
     "mamba-chain": Method("mamba", "chain", "4", "Mamba drafter, a single chain of draft tokens"),
-    "mamba-tree": Method("mamba", "tree", "2,2,1,1", "Mamba drafter, a fixed tree shape"),
+    "mamba-tree": Method("mamba", "tree", "2,1,1", "Mamba drafter, a fixed tree shape"),
     "mamba-ucb": Method("mamba", "ucb", None, "Mamba drafter, tree shape chosen each round by a UCB bandit"),
     "tf-chain": Method("transformer", "chain", "4", "small Transformer drafter, a single chain"),
-    "tf-tree": Method("transformer", "tree", "2,2,1,1", "small Transformer drafter, a fixed tree shape"),
+    "tf-tree": Method("transformer", "tree", "2,1,1", "small Transformer drafter, a fixed tree shape"),
     "lookup-chain": Method("lookup", "chain", "4", "prompt lookup: copy what followed the last n-gram match"),
 }
 
