@@ -103,12 +103,8 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX); False where that cannot be read."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", flags))
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX), by torch's own CPU feature probe."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
 def resolve_drafter_dtype(dtype: str, device: torch.device, target_dtype: torch.dtype) -> torch.dtype:
