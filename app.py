@@ -118,6 +118,17 @@ def settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_uc
                 lambda_ucb=float(lambda_ucb), reward=reward)
 
 
+def page_handler(handler):
+    """`handler(prompt, settings, session, progress)` as a Gradio handler of the page's 10 inputs."""
+
+    def on_page(prompt, method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, session,
+                progress=gr.Progress()):
+        settings = settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward)
+        yield from handler(prompt, settings, session or Session(), progress)
+
+    return on_page
+
+
 def checked_prompt(prompt: str | None) -> str:
     if not (prompt or "").strip():
         raise gr.Error("Type a prompt first, or click one of the examples below the settings.")
@@ -162,16 +173,6 @@ def build_app(engine: Engine, prompts_dir: Path = ROOT / "assets" / "prompts") -
         """Show the fresh run at once, then validate and load: `config, models = yield from opening(...)`."""
         yield begin(prompt, settings, session)
         return setup(settings, progress)
-
-    def page_handler(handler):
-        """`handler(prompt, settings, session, progress)` as a Gradio handler of the page's 10 inputs."""
-
-        def on_page(prompt, method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, session,
-                    progress=gr.Progress()):
-            settings = settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward)
-            yield from handler(prompt, settings, session or Session(), progress)
-
-        return on_page
 
     @page_handler
     def run(prompt, settings, session, progress):

@@ -26,13 +26,12 @@ import psutil
 import torch
 
 from specdec.bandit import UCBBandit
-from specdec.config import DEFAULT_ARMS, METHODS, REWARDS, GenerationConfig
+from specdec.config import BANDIT_SCOPES, DEFAULT_ARMS, METHODS, REWARDS, GenerationConfig
 from specdec.engine import encode_prompt, generate
 from specdec.models import Models
 from specdec.records import RoundRecord, Summary
 
 HF_METHODS = ("hf-ar", "hf-assisted", "hf-lookup")
-BANDIT_SCOPES = ("session", "prompt")
 PROMPT_DIR = Path(__file__).resolve().parent.parent / "assets" / "prompts"
 
 

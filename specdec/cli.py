@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 
-from specdec.config import DEFAULT_ARMS, METHODS, GenerationConfig
+from specdec.config import BANDIT_SCOPES, DEFAULT_ARMS, METHODS, REWARDS, GenerationConfig
 from specdec.models import DEFAULT_MAMBA, DEFAULT_TARGET, DEFAULT_TF, ModelLoadError, Models
 from specdec.records import RoundRecord, Summary
 
@@ -29,7 +29,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--lambda-ucb", type=float, default=0.1)
     g.add_argument("--lambda-gamma", type=float, default=0.1)
-    g.add_argument("--reward", default="paper", choices=["paper", "throughput"])
+    g.add_argument("--reward", default="paper", choices=REWARDS)
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     g.add_argument("--dtype", default="auto", help="target dtype: auto, float32, bfloat16 or float16")
     g.add_argument("--drafter-dtype", default="auto", help=DRAFTER_DTYPE_HELP)
@@ -84,11 +84,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--limit", type=int, default=None, help="use the first N prompts, alternating kinds")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for hf-lookup")
-    b.add_argument("--bandit-scope", default="session", choices=["session", "prompt"],
+    b.add_argument("--bandit-scope", default="session", choices=BANDIT_SCOPES,
                    help="*-ucb methods: one bandit for the whole run, as the app keeps one per browser session "
                         "(session), or a fresh one per prompt (prompt)")
     b.add_argument("--arms", default=None, help=f"bandit arms for *-ucb (default '{DEFAULT_ARMS}')")
-    b.add_argument("--reward", default="paper", choices=["paper", "throughput"], help="bandit reward for *-ucb")
+    b.add_argument("--reward", default="paper", choices=REWARDS, help="bandit reward for *-ucb")
     b.add_argument("--lambda-ucb", type=float, default=None, help="bandit exploration weight for *-ucb")
     b.add_argument("--context-lengths", default=None, help="e.g. 256,1024,4096: drafter latency/memory study")
     b.add_argument("--out", default="results.json")

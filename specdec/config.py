@@ -32,6 +32,7 @@ METHODS: dict[str, Method] = {
 }
 
 REWARDS = ("paper", "throughput")
+BANDIT_SCOPES = ("session", "prompt")  # one bandit for a whole session (or benchmark run), or one per prompt
 
 
 @dataclass
