@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specdec.tree import TreeShape, parse_arms, parse_shape
+from specdec.tree import MAX_DEPTH, TreeShape, parse_arms, parse_shape
 
 MAX_NEW_TOKENS = 4096
 
@@ -47,6 +47,7 @@ class GenerationConfig:
     lambda_ucb: float = 0.1  # λ_UCB, weight of the exploration term (rewards differ by ~0.1 between arms)
     lambda_gamma: float = 0.1  # λ_γ, depth penalty of the paper's reward
     reward: str = "paper"  # "paper" or "throughput"
+    lookup_branch: int = 0  # mamba-*/tf-*: graft up to this many tokens copied from the context onto each tree
     extra: dict = field(default_factory=dict)
 
     @property
@@ -68,12 +69,19 @@ class GenerationConfig:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.lambda_ucb < 0 or self.lambda_gamma < 0:
             raise ValueError("lambda_ucb and lambda_gamma must be >= 0")
+        if not isinstance(self.lookup_branch, int) or not 0 <= self.lookup_branch <= MAX_DEPTH:
+            raise ValueError(f"lookup_branch must be an integer from 0 to {MAX_DEPTH}, got {self.lookup_branch}")
         if self.reward not in REWARDS:
             raise ValueError(f"reward must be one of {', '.join(REWARDS)}, got {self.reward!r}")
         arms = self.shapes()
         if self.spec.drafter == "lookup" and any(not a.is_chain for a in arms):
             raise ValueError("prompt lookup drafts one deterministic chain; give a chain length such as '4'")
         return self
+
+    @property
+    def grafts_lookup(self) -> bool:
+        """Whether each drafted tree gets a prompt-lookup branch (neural drafters only)."""
+        return self.lookup_branch > 0 and self.spec.drafter in ("mamba", "transformer")
 
     def shapes(self) -> list[TreeShape]:
         """The tree shapes this run may use: one for fixed policies, the bandit's arms for `*-ucb`."""

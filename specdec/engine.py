@@ -16,7 +16,8 @@ import torch
 
 from specdec.bandit import UCBBandit
 from specdec.config import GenerationConfig
-from specdec.drafters import Drafter, LookupDrafter, MambaDrafter, NoDrafter, Sampler, TransformerDrafter
+from specdec.drafters import (Drafter, LookupBranch, LookupDrafter, MambaDrafter, NoDrafter, Sampler,
+                              TransformerDrafter)
 from specdec.drafters.base import DraftTree
 from specdec.kvcache import CPU_BLOCK_PADDING, TreeLM
 from specdec.models import Models
@@ -41,7 +42,7 @@ def make_drafter(models: Models, kind: str) -> Drafter:
     if kind == "none":
         return NoDrafter()
     if kind == "lookup":
-        return LookupDrafter(vocab_size)
+        return LookupDrafter()
     loaded = models.drafter(kind)
     if kind == "mamba":
         return MambaDrafter.from_folder(loaded.model, vocab_size, loaded.source)
@@ -80,7 +81,7 @@ def _accept(tree: DraftTree, logits: torch.Tensor, config: GenerationConfig, gen
     if config.greedy:
         return accept_greedy(tree.tokens, tree.parents, logits.argmax(-1).tolist())
     q = tree.q.to(p.device) if tree.q is not None else None
-    return accept_sampling(tree.tokens, tree.parents, p, q, generator)
+    return accept_sampling(tree.tokens, tree.parents, p, q, generator, tree.point)
 
 
 def _tree_nodes(tree: DraftTree, acc: Acceptance, p: torch.Tensor, tokenizer) -> list[TreeNode]:
@@ -93,7 +94,8 @@ def _tree_nodes(tree: DraftTree, acc: Acceptance, p: torch.Tensor, tokenizer) ->
     for i, token in enumerate(tree.tokens):
         status = "root" if i == 0 else "accepted" if i in accepted else "rejected" if i in rejected else "not_reached"
         depth = 0 if i == 0 else nodes[parents[i]].depth + 1
-        nodes.append(TreeNode(i, token, tokenizer.decode([token]), parents[i], depth, tree.q_tok[i], p_tok[i], status))
+        nodes.append(TreeNode(i, token, tokenizer.decode([token]), parents[i], depth, tree.q_tok[i], p_tok[i], status,
+                              copied=bool(tree.point and tree.point[i])))
     return nodes
 
 
@@ -114,6 +116,8 @@ def generate(models: Models, prompt: str, config: GenerationConfig, stop: thread
     if max((w for s in shapes for w in s.widths), default=1) > target.vocab_size:
         raise ValueError(f"a tree is wider than the vocabulary ({target.vocab_size} tokens)")
     max_depth = max(s.depth for s in shapes)
+    if config.grafts_lookup:
+        max_depth = max(max_depth, config.lookup_branch)
     kind = config.spec.drafter
     limits = [getattr(target.model.config, "max_position_embeddings", None)]
     if kind == "transformer":  # a Mamba drafter has no context limit
@@ -127,6 +131,8 @@ def generate(models: Models, prompt: str, config: GenerationConfig, stop: thread
 
     drafter = make_drafter(models, kind)
     drafter_label = models.drafter(kind).name if kind in ("mamba", "transformer") else kind
+    if config.grafts_lookup:
+        drafter, drafter_label = LookupBranch(drafter, config.lookup_branch), f"{drafter_label}+lookup"
     if config.spec.policy != "ucb":
         bandit = None
     elif bandit is None:

@@ -29,6 +29,7 @@ class TreeNode:
     q: float  # drafter probability of this token at its parent (1.0 for the root)
     p: float  # target probability of this token at its parent (1.0 for the root)
     status: NodeStatus
+    copied: bool = False  # proposed by prompt lookup (copied from the context), not drafted by the model
 
 
 @dataclass

@@ -5,12 +5,15 @@ Glossary:
     n       number of tree nodes, root included (node 0 is the last emitted token)
     p       target distribution at a node, [n, V]: p[i] is the target's next-token distribution after node i
     q       drafter distribution at a node, [n, V]: q[i] is what node i's children were drawn from
-    x       a drafted token; children of one node are i.i.d. draws x ~ q[parent]
+    x       a drafted token; children of one node are i.i.d. draws x ~ q[parent], except children marked
+            `point` (a token copied from the context), proposed with a point mass at x
     u       uniform random numbers for the accept tests
 
 Multi-draft acceptance (PAPER.md, step 3): at an accepted node with children x_1..x_k (i.i.d. from q), try
 them in order; accept x_j with probability min(1, p(x_j) / q(x_j)); on rejection replace p by the residual
-norm(max(0, p - q)) and try the next child. If none is accepted the *correction* token is drawn from the
+norm(max(0, p - q)) and try the next child. A point-mass child x (q = δ_x, tried after the i.i.d. ones) is
+accepted with probability p(x) and its rejection leaves p with x removed: the argument holds with one proposal
+distribution per child, as long as each child is drawn independently of the others. If none is accepted the *correction* token is drawn from the
 residual; if a leaf is accepted the *bonus* token is drawn from p at the leaf. The emitted tokens are then
 distributed exactly as the target's own samples.
 """
@@ -87,30 +90,42 @@ def accept_greedy(tokens: list[int], parents: list[int], p_argmax: list[int]) ->
     return Acceptance(path, p_argmax[path[-1]], True, rejected, tested)
 
 
-def accept_node(p: torch.Tensor, q: torch.Tensor, xs: list[int], u: torch.Tensor) -> tuple[int | None, torch.Tensor]:
+def accept_node(p: torch.Tensor, q: torch.Tensor, xs: list[int], u: torch.Tensor,
+                point: list[bool] | None = None) -> tuple[int | None, torch.Tensor]:
     """Multi-draft rejection sampling at one node.
 
-    p: [V] target distribution, q: [V] drafter distribution, xs: the children's tokens (i.i.d. from q),
-    u: [len(xs)] uniforms. Returns (index into xs of the accepted child or None, distribution for the
-    correction token, i.e. the final residual).
+    p: [V] target distribution, q: [V] drafter distribution, xs: the children's tokens (i.i.d. from q, except
+    those with `point[j]`, proposed with a point mass), u: [len(xs)] uniforms. Returns (index into xs of the
+    accepted child or None, distribution for the correction token, i.e. the final residual).
     """
     for j, x in enumerate(xs):
-        if u[j] * q[x] < p[x]:  # u < min(1, p(x)/q(x)), without dividing by q(x)
+        q_j = _point_mass(p, x) if point and point[j] else q  # [V]
+        if u[j] * q_j[x] < p[x]:  # u < min(1, p(x)/q(x)), without dividing by q(x)
             return j, p
-        p = residual(p, q)
+        p = residual(p, q_j)
     return None, p
 
 
-def accept_sampling(tokens: list[int], parents: list[int], p: torch.Tensor, q: torch.Tensor,
-                    generator: torch.Generator | None) -> Acceptance:
-    """Sampling: walk the tree from the root with `accept_node`; p, q: [n, V]."""
+def _point_mass(like: torch.Tensor, x: int) -> torch.Tensor:
+    delta = torch.zeros_like(like)  # [V]
+    delta[x] = 1.0
+    return delta
+
+
+def accept_sampling(tokens: list[int], parents: list[int], p: torch.Tensor, q: torch.Tensor | None,
+                    generator: torch.Generator | None, point: list[bool] | None = None) -> Acceptance:
+    """Sampling: walk the tree from the root with `accept_node`, a node's children in node order.
+
+    p, q: [n, V]; `point[i]`: node i was proposed with a point mass (a copied token), not drawn from q[parent].
+    """
     children = children_of(parents)
     path, rejected, tested = [0], [], 0
     while children[path[-1]]:
         node, kids = path[-1], children[path[-1]]
         tested += 1
         u = torch.rand(len(kids), generator=generator, device=p.device)
-        j, p_res = accept_node(p[node], q[node], [tokens[c] for c in kids], u)
+        kid_point = [point[c] for c in kids] if point else None
+        j, p_res = accept_node(p[node], q[node] if q is not None else None, [tokens[c] for c in kids], u, kid_point)
         if j is None:
             rejected.extend(kids)
             correction = int(sample(p_res, 1, generator))

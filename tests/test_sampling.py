@@ -55,3 +55,26 @@ def test_sampling_walk_accepts_certain_tokens():
     q = torch.full((3, V), 1 / V)
     acc = accept_sampling(tokens, parents, p, q, torch.Generator().manual_seed(0))
     assert acc.path == [0, 1, 2] and acc.next_token == 0 and acc.is_bonus
+
+
+def test_point_mass_children_keep_the_node_exact():
+    """Two i.i.d. drafts from q, then a copied token (a point mass): the emitted token is still distributed as p."""
+    g = torch.Generator().manual_seed(1)
+    p = torch.tensor([0.1, 0.4, 0.3, 0.2])
+    q = torch.tensor([0.7, 0.1, 0.1, 0.1])
+    counts = torch.zeros(4)
+    n = 20000
+    for i in range(n):
+        copied = i % 4  # any token fixed before the draws, whatever its p
+        xs = [*torch.multinomial(q, 2, replacement=True, generator=g).tolist(), copied]
+        j, p_res = accept_node(p, q, xs, torch.rand(3, generator=g), point=[False, False, True])
+        token = xs[j] if j is not None else int(torch.multinomial(p_res, 1, generator=g))
+        counts[token] += 1
+    assert chisquare(counts.numpy(), (p * n).numpy()).pvalue > 1e-3
+    # treating the copy as one more draw from q is detectably wrong
+    wrong = torch.zeros(4)
+    for i in range(n):
+        xs = [*torch.multinomial(q, 2, replacement=True, generator=g).tolist(), 1]
+        j, p_res = accept_node(p, q, xs, torch.rand(3, generator=g))
+        wrong[xs[j] if j is not None else int(torch.multinomial(p_res, 1, generator=g))] += 1
+    assert chisquare(wrong.numpy(), (p * n).numpy()).pvalue < 1e-6

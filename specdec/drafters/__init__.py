@@ -1,8 +1,8 @@
 """Drafters behind one interface: Mamba (batch-cache trees), a small Transformer, prompt lookup, none."""
 
 from specdec.drafters.base import Drafter, DraftTree, NoDrafter, Sampler
-from specdec.drafters.lookup import LookupDrafter
+from specdec.drafters.lookup import LookupBranch, LookupDrafter
 from specdec.drafters.mamba import MambaDrafter
 from specdec.drafters.transformer import TransformerDrafter
 
-__all__ = ["DraftTree", "Drafter", "LookupDrafter", "MambaDrafter", "NoDrafter", "Sampler", "TransformerDrafter"]
+__all__ = ["DraftTree", "Drafter", "LookupBranch", "LookupDrafter", "MambaDrafter", "NoDrafter", "Sampler", "TransformerDrafter"]

@@ -3,13 +3,16 @@
 A drafter's life in one generation:
     start(context, max_nodes)     consume the prompt; the last prompt token is the first round's root
     draft(shape, sampler)         propose a tree of shape T = (N1, ..., Nγ) below the root
-    commit(path, next_token)      the target accepted `path` (node indices, root first) and emitted
-                                  `next_token` (correction or bonus), which becomes the next root
+    commit(path, next_token, unseen)
+                                  the target accepted `path` (node indices, root first), then the tokens
+                                  `unseen` (a branch another proposer grafted on, see `LookupBranch`), and
+                                  emitted `next_token` (correction or bonus), which becomes the next root
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +28,7 @@ class DraftTree:
     parents: list[int]  # [n] -1 for the root
     q_tok: list[float]  # [n] q of each node's token at its parent (1.0 for the root)
     q: torch.Tensor | None  # [n, V] drafter distribution at each node (sampling only; leaf rows unused)
+    point: list[bool] | None = None  # [n] node proposed with a point mass (copied from the context), not from q
 
 
 @dataclass
@@ -89,7 +93,7 @@ class Drafter(ABC):
     def draft(self, shape: TreeShape, sampler: Sampler) -> DraftTree: ...
 
     @abstractmethod
-    def commit(self, path: list[int], next_token: int) -> None: ...
+    def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = ()) -> None: ...
 
     def state_bytes(self) -> int:
         return 0
@@ -106,5 +110,5 @@ class NoDrafter(Drafter):
     def draft(self, shape: TreeShape, sampler: Sampler) -> DraftTree:
         return DraftTree(TreeShape(()), [self.root], [-1], [1.0], None)
 
-    def commit(self, path: list[int], next_token: int) -> None:
+    def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = ()) -> None:
         self.root = next_token

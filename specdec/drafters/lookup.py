@@ -1,15 +1,21 @@
 """Prompt lookup: draft by copying what followed the most recent earlier occurrence of the context's last n-gram.
 
-Training-free and deterministic, so `q` is a point mass on the copied token: acceptance is then min(1, p(x)),
+Training-free and deterministic, so each copied token is a point-mass proposal: acceptance is then min(1, p(x)),
 and a rejection leaves the residual p with x removed. One chain per round (siblings from a point mass would
 all be equal, so trees bring nothing here).
+
+`LookupBranch` grafts such a chain onto a neural drafter's tree, for text that repeats its context (summaries,
+code edits), where a small drafter is weakest.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from specdec.drafters.base import Drafter, DraftTree, Sampler
+from specdec.sampling import children_of
 from specdec.tree import TreeShape
 
 
@@ -26,8 +32,7 @@ def find_continuation(context: list[int], max_ngram: int, length: int) -> list[i
 class LookupDrafter(Drafter):
     name = "lookup"
 
-    def __init__(self, vocab_size: int, max_ngram: int = 3) -> None:
-        self.vocab_size = vocab_size
+    def __init__(self, max_ngram: int = 3) -> None:
         self.max_ngram = max_ngram
 
     def start(self, context: list[int], max_nodes: int) -> None:
@@ -38,11 +43,67 @@ class LookupDrafter(Drafter):
         self.drafted = drafted
         tokens = [self.context[-1], *drafted]
         n = len(tokens)
-        q = None
-        if not sampler.greedy:
-            q = torch.zeros(n, self.vocab_size)
-            q[torch.arange(n - 1), torch.tensor(drafted, dtype=torch.long)] = 1.0  # point mass at each parent
-        return DraftTree(TreeShape.chain(len(drafted)), tokens, list(range(-1, n - 1)), [1.0] * n, q)
+        return DraftTree(TreeShape.chain(len(drafted)), tokens, list(range(-1, n - 1)), [1.0] * n, None,
+                         point=[False] + [True] * len(drafted))
 
-    def commit(self, path: list[int], next_token: int) -> None:
-        self.context.extend(self.drafted[: len(path) - 1] + [next_token])  # node k is drafted token k-1
+    def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = ()) -> None:
+        self.context.extend([*self.drafted[: len(path) - 1], *unseen, next_token])  # node k is drafted token k-1
+
+
+def graft(tree: DraftTree, chain: list[int], merge: bool) -> DraftTree:
+    """`tree` plus the copied `chain` as a branch from the root; the new nodes are point-mass proposals.
+
+    merge (greedy): the chain follows the nodes whose tokens it repeats and branches off where they differ,
+    so no token is verified twice. Without merge (sampling) it hangs from the root as a branch of its own: a
+    drafted node was drawn from q and cannot also count as a copy; a duplicate sibling is still exact.
+    """
+    tokens, parents, q_tok = list(tree.tokens), list(tree.parents), list(tree.q_tok)
+    node, start = 0, 0
+    if merge:
+        children = children_of(parents)
+        while start < len(chain):
+            match = next((c for c in children[node] if tokens[c] == chain[start]), None)
+            if match is None:
+                break
+            node, start = match, start + 1
+    for token in chain[start:]:
+        tokens.append(token)
+        parents.append(node)
+        q_tok.append(1.0)
+        node = len(tokens) - 1
+    added = len(tokens) - len(tree.tokens)
+    if not added:
+        return tree
+    q = None
+    if tree.q is not None:  # copied nodes' rows stay zero: their children are point masses too
+        q = torch.cat([tree.q, tree.q.new_zeros(added, tree.q.shape[1])])  # [n, V]
+    point = [*(tree.point or [False] * len(tree.tokens)), *[True] * added]
+    return DraftTree(tree.shape, tokens, parents, q_tok, q, point)
+
+
+class LookupBranch(Drafter):
+    """A drafter's tree plus, when the context has an n-gram match, up to `length` copied tokens as a branch."""
+
+    def __init__(self, inner: Drafter, length: int, max_ngram: int = 3) -> None:
+        self.inner, self.length, self.max_ngram = inner, length, max_ngram
+        self.name = f"{inner.name}+lookup"
+
+    def start(self, context: list[int], max_nodes: int) -> None:
+        self.context = list(context)
+        self.inner.start(context, max_nodes)
+
+    def draft(self, shape: TreeShape, sampler: Sampler) -> DraftTree:
+        drafted = self.inner.draft(shape, sampler)
+        self.inner_nodes = len(drafted.tokens)
+        chain = find_continuation(self.context, self.max_ngram, self.length) if shape.depth else []
+        self.tree = graft(drafted, chain, merge=sampler.greedy)  # arm "0" (no drafting) stays a plain step
+        return self.tree
+
+    def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = ()) -> None:
+        inner_path = [node for node in path if node < self.inner_nodes]  # grafted nodes come last on a path
+        copied = [self.tree.tokens[node] for node in path[len(inner_path):]]
+        self.inner.commit(inner_path, next_token, [*copied, *unseen])
+        self.context.extend([*(self.tree.tokens[node] for node in path[1:]), *unseen, next_token])
+
+    def state_bytes(self) -> int:
+        return self.inner.state_bytes()

@@ -18,6 +18,8 @@ their fused single-step kernels are used instead (tests check the two agree wher
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from dataclasses import dataclass
 
 import torch
@@ -180,9 +182,11 @@ class MambaDrafter(Drafter):
             frontier = new_nodes
         return builder.build(shape, self.vocab_size)
 
-    def commit(self, path: list[int], next_token: int) -> None:
+    def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = ()) -> None:
         row = torch.tensor([path[-1]], device=self.device)
         state = self.buffers.select(row)  # the last accepted node's stored state
+        for token in unseen:  # accepted tokens this drafter never stepped
+            self.step(torch.tensor([token], device=self.device), state, logits=False)
         logits = self.step(torch.tensor([next_token], device=self.device), state)
         self.buffers.write(torch.tensor([0], device=self.device), state)
         self.root, self.root_logits = next_token, logits[0]

@@ -8,6 +8,8 @@ start of the next round. Unlike a Mamba state, this cache grows with the context
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from transformers import PreTrainedModel
 
@@ -60,11 +62,11 @@ class TransformerDrafter(Drafter):
         self.tree_tokens = builder.tokens
         return builder.build(shape, self.vocab_size)
 
-    def commit(self, path: list[int], next_token: int) -> None:
+    def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = ()) -> None:
         fed = [node for node in path[1:] if node in self.region_index]
         self.lm.commit([self.region_index[node] for node in fed])
         unfed = [self.tree_tokens[node] for node in path[1 + len(fed):]]  # at most an accepted leaf
-        self.pending = unfed + [next_token]
+        self.pending = [*unfed, *unseen, next_token]
 
     def state_bytes(self) -> int:
         return self.lm.kv_bytes
