@@ -1,7 +1,8 @@
 """The draft tree of one round as an SVG: columns are depths, rows follow sibling order.
 
 Node = token text (escaped, white space made visible); fill = status (`colours.py`); hover (`<title>`) gives
-`q` (drafter probability) and `p` (target probability). The target's own token (correction or bonus) is drawn
+`q` (drafter probability) and `p` (target probability); a token copied from the context by prompt lookup
+(a lookup branch) carries a small "copy" tag. The target's own token (correction or bonus) is drawn
 as one extra node after the last accepted node, so the accepted path reads left to right.
 """
 
@@ -27,6 +28,7 @@ class Box:
     label: str
     kind: str  # a key of SWATCHES
     tip: str
+    copied: bool = False
 
 
 def visible(text: str, limit: int = MAX_LABEL) -> str:
@@ -47,9 +49,13 @@ def boxes(record: RoundRecord) -> list[Box]:
     for n in record.nodes:
         kind = n.status
         tip = f"“{n.text}” · depth {n.depth} · {kind.replace('_', ' ')}"
+        if n.copied:
+            tip += "\ncopied from the context (prompt lookup): q = 1"
+        elif n.parent >= 0:
+            tip += f"\nq (drafter) = {n.q:.3f}"
         if n.parent >= 0:
-            tip += f"\nq (drafter) = {n.q:.3f}\np (target) = {n.p:.3f}"
-        out.append(Box(n.index, n.parent, n.depth, visible(n.text), kind, tip))
+            tip += f"\np (target) = {n.p:.3f}"
+        out.append(Box(n.index, n.parent, n.depth, visible(n.text), kind, tip, n.copied))
     added = target_token(record)
     if added:
         accepted = [n for n in record.nodes if n.status == "accepted"]
@@ -101,6 +107,9 @@ def _node(b: Box, row: dict[int, float], source: str | None) -> str:
     dash = ' stroke-dasharray="5,3"' if s.dashed else ""
     strike = ' text-decoration="line-through"' if b.kind == "rejected" else ""
     note = ""
+    if b.copied:
+        note = (f'<text class="sd-copy" x="{x + BOX_W - 4:.0f}" y="{y + 10:.0f}" text-anchor="end" font-size="9" '
+                f'fill="{s.border}">copy</text>')
     if b.key == TARGET and source:
         note = (f'<text x="{x + BOX_W + 6:.0f}" y="{y + BOX_H / 2 + 5:.0f}" font-size="13" font-weight="bold" '
                 f'fill="{s.border}">{source}</text>')

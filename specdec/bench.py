@@ -21,12 +21,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 import torch
 
 from specdec.bandit import UCBBandit
-from specdec.config import BANDIT_SCOPES, DEFAULT_ARMS, METHODS, REWARDS, GenerationConfig
+from specdec.config import BANDIT_SCOPES, DEFAULT_ARMS, LOOKUP_BRANCH, METHODS, REWARDS, GenerationConfig
 from specdec.engine import encode_prompt, generate
 from specdec.models import Models
 from specdec.records import RoundRecord, Summary
@@ -58,15 +59,33 @@ def load_prompts(paths: list[str] | None, limit: int | None = None) -> list[dict
     return prompts
 
 
-def parse_method(name: str) -> tuple[str, str | None, str | None]:
-    """`base[:tree][@reward]` -> (base, tree, reward), e.g. `mamba-tree:3,1,1` or `mamba-ucb@throughput`."""
+class MethodSpec(NamedTuple):
+    base: str  # a name from METHODS or HF_METHODS
+    tree: str | None
+    reward: str | None
+    lookup_branch: int  # 0: none
+
+
+def parse_method(name: str) -> MethodSpec:
+    """`base[:tree][@reward][+lookup[N]]`, e.g. `mamba-tree:3,1,1`, `mamba-ucb@throughput`, `mamba-ucb+lookup`.
+
+    `+lookup` grafts a prompt-lookup branch of N tokens (default LOOKUP_BRANCH) onto a neural drafter's trees.
+    """
+    name, _, lookup = name.partition("+")
     name, _, reward = name.partition("@")
     base, _, tree = name.partition(":")
     if base not in METHODS and base not in HF_METHODS:
         raise ValueError(f"unknown method {base!r}; choose from {', '.join([*METHODS, *HF_METHODS])}")
     if reward and (reward not in REWARDS or not base.endswith("-ucb")):
         raise ValueError(f"'@{reward}' in {name!r}: a bandit method takes @{' or @'.join(REWARDS)}")
-    return base, tree or None, reward or None
+    length = 0
+    if lookup:
+        digits = lookup.removeprefix("lookup")
+        if not lookup.startswith("lookup") or (digits and not digits.isdigit()) or \
+                base not in METHODS or METHODS[base].drafter not in ("mamba", "transformer"):
+            raise ValueError(f"'+{lookup}' in {base!r}: a mamba-* or tf-* method takes +lookup or +lookupN")
+        length = int(digits) if digits else LOOKUP_BRANCH
+    return MethodSpec(base, tree or None, reward or None, length)
 
 
 class PeakRSS:
@@ -182,19 +201,19 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
     if bandit_scope not in BANDIT_SCOPES:
         raise ValueError(f"bandit_scope must be one of {', '.join(BANDIT_SCOPES)}, not {bandit_scope!r}")
     parsed = [parse_method(m) for m in methods]
-    if "ar" not in [base for base, _, _ in parsed]:
-        methods, parsed = ["ar", *methods], [("ar", None, None), *parsed]
+    if "ar" not in [spec.base for spec in parsed]:
+        methods, parsed = ["ar", *methods], [parse_method("ar"), *parsed]
     greedy = temperature == 0.0
     bandits: dict[str, UCBBandit] = {}
     exploration = {"lambda_ucb": lambda_ucb} if lambda_ucb is not None else {}
 
-    def once(name: str, base: str, tree: str | None, method_reward: str | None, prompt: str, n_new: int,
-             run_seed: int) -> Run:
-        config = GenerationConfig(method=base if base in METHODS else "ar", tree=tree, temperature=temperature,
-                                  max_new_tokens=n_new, seed=run_seed, arms=arms, reward=method_reward or reward,
+    def once(name: str, spec: MethodSpec, prompt: str, n_new: int, run_seed: int) -> Run:
+        config = GenerationConfig(method=spec.base if spec.base in METHODS else "ar", tree=spec.tree,
+                                  temperature=temperature, max_new_tokens=n_new, seed=run_seed, arms=arms,
+                                  reward=spec.reward or reward, lookup_branch=spec.lookup_branch,
                                   **exploration).validate()
-        if base in HF_METHODS:
-            return run_hf(models, prompt, base, config, lookup_tokens)
+        if spec.base in HF_METHODS:
+            return run_hf(models, prompt, spec.base, config, lookup_tokens)
         bandit = None
         if bandit_scope == "session" and config.spec.policy == "ucb":
             if name not in bandits:
@@ -203,21 +222,22 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
         return run_engine(models, prompt, config, bandit)
 
     log(f"warm-up: {len(methods)} methods")
-    for name, (base, tree, method_reward) in zip(methods, parsed):  # loads every model, warms every code path
-        once(name, base, tree, method_reward, prompts[0]["prompt"], 8, seed)
+    for name, spec in zip(methods, parsed):  # loads every model, warms every code path
+        once(name, spec, prompts[0]["prompt"], 8, seed)
     bandits.clear()  # the warm-up teaches no bandit
     runs: dict[str, list[Run]] = {m: [] for m in methods}
     for rep in range(repeats):
         for i, item in enumerate(prompts):
-            for name, (base, tree, method_reward) in zip(methods, parsed):  # interleaved: all methods, this prompt
-                run = once(name, base, tree, method_reward, item["prompt"], max_new_tokens, seed + rep)
+            for name, spec in zip(methods, parsed):  # interleaved: all methods, this prompt
+                run = once(name, spec, item["prompt"], max_new_tokens, seed + rep)
                 run.prompt_id, run.kind = item["id"], item.get("kind", "")
                 runs[name].append(run)
             log(f"repeat {rep + 1}/{repeats} prompt {i + 1}/{len(prompts)} {item['id']}: " + ", ".join(
                 f"{m} {len(runs[m][-1].tokens) / runs[m][-1].seconds:.1f}" for m in methods) + " tok/s")
-    results = {name: {**_aggregate(runs[name], runs["ar"], greedy, base not in HF_METHODS),
-                      "reward": (method_reward or reward) if base.endswith("-ucb") else None}
-               for name, (base, _, method_reward) in zip(methods, parsed)}
+    results = {name: {**_aggregate(runs[name], runs["ar"], greedy, spec.base not in HF_METHODS),
+                      "reward": (spec.reward or reward) if spec.base.endswith("-ucb") else None,
+                      "lookup_branch": spec.lookup_branch}
+               for name, spec in zip(methods, parsed)}
     ar_tps = results["ar"]["tokens_per_s"]
     for res in results.values():
         res["speedup_vs_ar"] = res["tokens_per_s"] / ar_tps

@@ -30,6 +30,9 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--lambda-ucb", type=float, default=0.1)
     g.add_argument("--lambda-gamma", type=float, default=0.1)
     g.add_argument("--reward", default="paper", choices=REWARDS)
+    g.add_argument("--lookup-branch", type=int, default=GenerationConfig.lookup_branch,
+                   help="mamba-*/tf-*: also verify up to N tokens copied from the context (prompt lookup), "
+                        "grafted onto each tree; 0 = off")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     g.add_argument("--dtype", default="auto", help="target dtype: auto, float32, bfloat16 or float16")
     g.add_argument("--drafter-dtype", default="auto", help=DRAFTER_DTYPE_HELP)
@@ -44,7 +47,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     config = GenerationConfig(method=args.method, tree=args.tree, arms=args.arms, temperature=args.temperature,
                               top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                              lambda_ucb=args.lambda_ucb, lambda_gamma=args.lambda_gamma, reward=args.reward)
+                              lambda_ucb=args.lambda_ucb, lambda_gamma=args.lambda_gamma, reward=args.reward,
+                              lookup_branch=args.lookup_branch)
     config.validate()  # fail on bad settings before any model loads
     drafter_kind = config.spec.drafter
     models = Models(target=args.target,

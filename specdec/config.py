@@ -31,6 +31,7 @@ METHODS: dict[str, Method] = {
     "lookup-chain": Method("lookup", "chain", "4", "prompt lookup: copy what followed the last n-gram match"),
 }
 
+LOOKUP_BRANCH = 6  # tokens of a prompt-lookup branch, when one is asked for without a length
 REWARDS = ("paper", "throughput")
 BANDIT_SCOPES = ("session", "prompt")  # one bandit for a whole session (or benchmark run), or one per prompt
 

@@ -25,10 +25,11 @@ def tree_attention_mask(prefix_len: int, anc: torch.Tensor, rows: slice, dtype: 
     return mask[None, None].to(device)  # [1, 1, n_rows, prefix_len + S]
 
 
-# Measured on this project's 2-core CPU (fp32, MKL, AVX-512), one SmolLM2-135M pass over n new tokens after 300
-# cached ones: n=1 55 ms, 2 88, 3 108, 4 79, 5 86, 6 107, 8 87: PyTorch's CPU matmuls run 2-3 (and 6-7) rows
-# slower than 4 (and 8). A verifier on a CPU therefore pads such blocks with throw-away tokens.
-CPU_BLOCK_PADDING = {2: 4, 3: 4, 6: 8, 7: 8}
+# Measured on this project's 2-core CPU (fp32, MKL, AVX-512): one SmolLM2-135M pass over n new tokens after 400
+# cached ones costs, in decode steps (n=1 is 56 ms): n=2 1.62, 3 1.97, 4 1.43, 5 1.33, 6 1.42, 7 1.71, 8 1.38,
+# 9 1.51, 10 1.64, 11 1.77, 12 1.51, 13 1.61, 14 1.64, 15 1.73, 16 1.68. PyTorch's CPU matmuls take some row
+# counts much faster than smaller ones, so a verifier on a CPU pads such blocks with throw-away tokens.
+CPU_BLOCK_PADDING = {2: 5, 3: 5, 4: 5, 7: 8, 10: 12, 11: 12, 15: 16}
 
 
 class TreeLM:

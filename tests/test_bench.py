@@ -5,6 +5,7 @@ import json
 import pytest
 
 from specdec import bench
+from specdec.config import LOOKUP_BRANCH
 
 
 @pytest.fixture
@@ -55,8 +56,21 @@ def test_unknown_method_is_refused():
         bench.parse_method("mamba-chain@throughput")  # only a bandit has a reward
 
 
+def test_lookup_branch_suffix(tiny_models, prompts):
+    assert bench.parse_method("mamba-tree:2;1+lookup6") == ("mamba-tree", "2;1", None, 6)
+    assert bench.parse_method("mamba-ucb@throughput+lookup") == ("mamba-ucb", None, "throughput", LOOKUP_BRANCH)
+    for bad in ("lookup-chain+lookup", "ar+lookup", "mamba-ucb+lookahead", "mamba-ucb+lookupx"):
+        with pytest.raises(ValueError, match="lookup"):
+            bench.parse_method(bad)
+    methods = ["ar", "mamba-tree:2,1", "mamba-tree:2,1+lookup3"]
+    result = bench.benchmark(tiny_models, prompts[:2], methods, max_new_tokens=16, log=lambda _: None)
+    rows = result["methods"]
+    assert rows["mamba-tree:2,1+lookup3"]["lookup_branch"] == 3 and rows["mamba-tree:2,1"]["lookup_branch"] == 0
+    assert rows["mamba-tree:2,1+lookup3"]["identical_to_ar"] is True
+
+
 def test_bandit_settings_per_method(tiny_models, prompts):
-    assert bench.parse_method("mamba-ucb@throughput") == ("mamba-ucb", None, "throughput")
+    assert bench.parse_method("mamba-ucb@throughput") == ("mamba-ucb", None, "throughput", 0)
     methods = ["ar", "mamba-ucb", "mamba-ucb@throughput"]
     result = bench.benchmark(tiny_models, prompts[:2], methods, max_new_tokens=10, arms="0; 2,1",
                              log=lambda _: None)

@@ -75,6 +75,16 @@ def test_tree_hover_gives_q_and_p():
     assert "correction" in titles[-1]
 
 
+def test_copied_tokens_are_tagged_and_explained():
+    rec = tree_with_correction()
+    rec.nodes.append(TreeNode(5, 7, " mat", 0, 1, 1.0, 0.05, "rejected", copied=True))
+    svg = tree_svg(rec)
+    assert svg.count('class="sd-copy"') == 1
+    copy_title = re.findall(r"<title>(.*?)</title>", svg, flags=re.DOTALL)[5]
+    assert "copied from the context" in copy_title and "q (drafter)" not in copy_title
+    assert "p (target) = 0.050" in copy_title
+
+
 def test_correction_hangs_under_the_last_accepted_node():
     nodes = boxes(tree_with_correction())
     extra = nodes[-1]
