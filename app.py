@@ -30,6 +30,8 @@ from demo.tree_svg import tree_html
 ROOT = Path(__file__).resolve().parent
 EXPORTS = Path(tempfile.gettempdir()) / "specdec-exports"
 PLOT_EVERY_S = 1.0  # plots are re-drawn at most this often while streaming; text and tree every round batch
+LOOKUP_BRANCH = 6  # tokens of the prompt-lookup branch when it is switched on (specdec.config.LOOKUP_BRANCH)
+LOOKUP_DEFAULT = True
 
 METHODS = {  # value -> (label in the UI, one-line explanation)
     "mamba-ucb": ("Mamba tree + bandit", "A Mamba drafter drafts a tree; a UCB bandit picks its shape each round."),
@@ -112,18 +114,18 @@ def main_views(session: Session, live: bool, plots: bool = True) -> list:
     return html + [bandit, speed_figure(session.rounds), memory_figure(session.rounds)]
 
 
-def settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward) -> dict:
+def settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup) -> dict:
     return dict(method=method, tree=(tree or "").strip() or None, arms=(arms or "").strip() or None,
                 temperature=float(temperature), max_new_tokens=int(max_new_tokens), seed=int(seed or 0),
-                lambda_ucb=float(lambda_ucb), reward=reward)
+                lambda_ucb=float(lambda_ucb), reward=reward, lookup_branch=LOOKUP_BRANCH if lookup else 0)
 
 
 def page_handler(handler):
-    """`handler(prompt, settings, session, progress)` as a Gradio handler of the page's 10 inputs."""
+    """`handler(prompt, settings, session, progress)` as a Gradio handler of the page's 11 inputs."""
 
-    def on_page(prompt, method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, session,
+    def on_page(prompt, method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup, session,
                 progress=gr.Progress()):
-        settings = settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward)
+        settings = settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup)
         yield from handler(prompt, settings, session or Session(), progress)
 
     return on_page
@@ -264,6 +266,11 @@ def build_app(engine: Engine, prompts_dir: Path = ROOT / "assets" / "prompts") -
                 max_new_tokens = gr.Slider(8, 512, value=96, step=8, label="Max new tokens",
                                            elem_id="max-new-tokens")
                 seed = gr.Number(value=0, precision=0, label="Seed", info="Same seed, same sampled text")
+                lookup = gr.Checkbox(value=LOOKUP_DEFAULT, label="Also copy from the text (prompt lookup)",
+                                     info=f"Mamba and Transformer methods: when the last words already occurred, "
+                                          f"the {LOOKUP_BRANCH} tokens that followed them join the tree as one more "
+                                          "branch (tagged “copy”). Helps most on summaries and edits.",
+                                     elem_id="lookup-branch")
                 with gr.Accordion("Advanced", open=False):
                     tree = gr.Textbox(label="Tree shape", placeholder="e.g. 3,2,1 (or 4 for a chain)",
                                       info="Children per node at each depth, for the fixed-tree and chain methods.")
@@ -299,7 +306,7 @@ def build_app(engine: Engine, prompts_dir: Path = ROOT / "assets" / "prompts") -
             memory_plot = gr.Plot(memory_figure([]), label="Memory", elem_id="memory-plot")
 
         main = [conversation, caption, tree_view, round_slider, bandit_plot, speed_plot, memory_plot]
-        inputs = [prompt, method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, session]
+        inputs = [prompt, method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup, session]
         model_work = dict(concurrency_limit=1, concurrency_id="model", show_progress="minimal")
         outputs = main + [comparison, export_btn, session]
         run_btn.click(run, inputs, outputs, api_name="generate", **model_work)

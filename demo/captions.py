@@ -36,7 +36,10 @@ def round_caption(record: RoundRecord) -> str:
     accepted = "".join(t.text for t in record.emitted if t.source == "draft")
     took = f"accepted {record.accepted_len} ({quoted(accepted)})" if record.accepted_len else "accepted none of them"
     tail = f" and added 1 of its own ({own})" if added else ""
-    proposed = f"the drafter proposed {_count(drafted, 'token')} in {where}"
+    copied = sum(n.copied for n in record.nodes)
+    proposed = f"the drafter proposed {_count(drafted - copied, 'token')} in {where}"
+    if copied:
+        proposed += f" and prompt lookup {_count(copied, 'token')} copied from the text"
     return head + f"{proposed}; the target {took}{tail}."
 
 

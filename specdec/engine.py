@@ -16,8 +16,7 @@ import torch
 
 from specdec.bandit import UCBBandit
 from specdec.config import GenerationConfig
-from specdec.drafters import (Drafter, LookupBranch, LookupDrafter, MambaDrafter, NoDrafter, Sampler,
-                              TransformerDrafter)
+from specdec.drafters import Drafter, LookupBranch, LookupDrafter, MambaDrafter, NoDrafter, Sampler, TransformerDrafter
 from specdec.drafters.base import DraftTree
 from specdec.kvcache import CPU_BLOCK_PADDING, TreeLM
 from specdec.models import Models

@@ -21,7 +21,7 @@ from tests.app_process import free_port, running_app
 
 ROOT = Path(__file__).resolve().parent.parent
 ARGS = dict(method="mamba-ucb", temperature=0.0, max_new_tokens=24, seed=0, tree="", arms="", lambda_ucb=1.0,
-            reward="paper")  # the order of the `generate` inputs
+            reward="paper", lookup=True)  # the order of the `generate` inputs
 
 
 def fake_engine(delay: float = 0.01) -> app.Engine:
@@ -130,3 +130,12 @@ def test_every_engine_method_has_a_label_in_the_app():
     from specdec.config import METHODS
 
     assert set(app.METHODS) == set(METHODS)
+
+
+def test_lookup_checkbox_sets_the_engine_default_branch():
+    from specdec.config import LOOKUP_BRANCH, GenerationConfig
+
+    assert app.LOOKUP_BRANCH == LOOKUP_BRANCH  # the app keeps its own copy to avoid importing torch at start-up
+    args = {k: v for k, v in ARGS.items() if k != "lookup"}
+    on, off = app.settings_of(**args, lookup=True), app.settings_of(**args, lookup=False)
+    assert GenerationConfig(**on).validate().grafts_lookup and not GenerationConfig(**off).grafts_lookup

@@ -83,6 +83,7 @@ def test_copied_tokens_are_tagged_and_explained():
     copy_title = re.findall(r"<title>(.*?)</title>", svg, flags=re.DOTALL)[5]
     assert "copied from the context" in copy_title and "q (drafter)" not in copy_title
     assert "p (target) = 0.050" in copy_title
+    assert "proposed 4 tokens in a (2,1) tree and prompt lookup 1 token copied from the text" in round_caption(rec)
 
 
 def test_correction_hangs_under_the_last_accepted_node():

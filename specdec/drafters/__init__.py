@@ -5,4 +5,5 @@ from specdec.drafters.lookup import LookupBranch, LookupDrafter
 from specdec.drafters.mamba import MambaDrafter
 from specdec.drafters.transformer import TransformerDrafter
 
-__all__ = ["DraftTree", "Drafter", "LookupBranch", "LookupDrafter", "MambaDrafter", "NoDrafter", "Sampler", "TransformerDrafter"]
+__all__ = ["DraftTree", "Drafter", "LookupBranch", "LookupDrafter", "MambaDrafter", "NoDrafter", "Sampler",
+           "TransformerDrafter"]

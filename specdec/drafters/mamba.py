@@ -19,7 +19,6 @@ their fused single-step kernels are used instead (tests check the two agree wher
 from __future__ import annotations
 
 from collections.abc import Sequence
-
 from dataclasses import dataclass
 
 import torch
