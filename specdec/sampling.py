@@ -11,11 +11,11 @@ Glossary:
 
 Multi-draft acceptance (PAPER.md, step 3): at an accepted node with children x_1..x_k (i.i.d. from q), try
 them in order; accept x_j with probability min(1, p(x_j) / q(x_j)); on rejection replace p by the residual
-norm(max(0, p - q)) and try the next child. A point-mass child x (q = δ_x, tried after the i.i.d. ones) is
-accepted with probability p(x) and its rejection leaves p with x removed: the argument holds with one proposal
-distribution per child, as long as each child is drawn independently of the others. If none is accepted the *correction* token is drawn from the
+norm(max(0, p - q)) and try the next child. If none is accepted the *correction* token is drawn from the
 residual; if a leaf is accepted the *bonus* token is drawn from p at the leaf. The emitted tokens are then
-distributed exactly as the target's own samples.
+distributed exactly as the target's own samples. The argument holds with one proposal distribution per child,
+as long as each child is drawn independently of the others: a point-mass child x (q = δ_x, a copied token) is
+accepted with probability p(x), and its rejection leaves p with x removed.
 """
 
 from __future__ import annotations
@@ -90,13 +90,14 @@ def accept_greedy(tokens: list[int], parents: list[int], p_argmax: list[int]) ->
     return Acceptance(path, p_argmax[path[-1]], True, rejected, tested)
 
 
-def accept_node(p: torch.Tensor, q: torch.Tensor, xs: list[int], u: torch.Tensor,
+def accept_node(p: torch.Tensor, q: torch.Tensor | None, xs: list[int], u: torch.Tensor,
                 point: list[bool] | None = None) -> tuple[int | None, torch.Tensor]:
     """Multi-draft rejection sampling at one node.
 
-    p: [V] target distribution, q: [V] drafter distribution, xs: the children's tokens (i.i.d. from q, except
-    those with `point[j]`, proposed with a point mass), u: [len(xs)] uniforms. Returns (index into xs of the
-    accepted child or None, distribution for the correction token, i.e. the final residual).
+    p: [V] target distribution, q: [V] drafter distribution (None when every child is a point mass), xs: the
+    children's tokens (i.i.d. from q, except those with `point[j]`, proposed with a point mass), u: [len(xs)]
+    uniforms. Returns (index into xs of the accepted child or None, distribution for the correction token, i.e.
+    the final residual).
     """
     for j, x in enumerate(xs):
         q_j = _point_mass(p, x) if point and point[j] else q  # [V]

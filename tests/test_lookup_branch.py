@@ -93,3 +93,25 @@ def test_lookup_branch_is_validated():
         GenerationConfig(lookup_branch=99).validate()
     assert not GenerationConfig(method="ar", lookup_branch=4).grafts_lookup
     assert GenerationConfig(method="tf-chain", lookup_branch=4).grafts_lookup
+
+
+@pytest.mark.parametrize("accept_copies", [False, True])
+def test_branch_backs_off_while_its_copies_are_rejected(accept_copies):
+    branch = LookupBranch(MambaDrafter(tiny_mamba(V, seed=8), V), length=3, probe_every=8)
+    context = [1, 2] * 4  # every round ends in a repeated 2-gram, so a copy is always found
+    branch.start(context, 1)
+    grafted = []
+    for _ in range(14):
+        tree = branch.draft(TreeShape((1,)), Sampler(0.0, 1.0, None))
+        grafted.append(branch.grafted)
+        path = [0]
+        if accept_copies and branch.grafted:  # the target agrees with the whole copied branch
+            node = len(tree.tokens) - 1
+            while node > 0:
+                path.insert(1, node)
+                node = tree.parents[node]
+        branch.commit(path, next_token=1 if branch.context[-1] == 2 else 2)
+    if accept_copies:
+        assert all(grafted)
+    else:  # the yield decays below 0.25 after four grafts; then one probe every 8th round
+        assert grafted == [True] * 4 + [False] * 7 + [True] + [False] * 2

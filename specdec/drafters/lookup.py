@@ -84,26 +84,52 @@ def graft(tree: DraftTree, chain: list[int], merge: bool) -> DraftTree:
 class LookupBranch(Drafter):
     """A drafter's tree plus, when the context's last 2-gram (or 3-gram) occurred before, up to `length` copied
     tokens as a branch. A single repeated token is a weak hint, not worth verification rows on a CPU; the 2-gram
-    gate and 6 tokens were the fastest of the variants measured (README, "Benchmark")."""
+    gate and 6 tokens were the fastest of the variants measured (README, "Benchmark").
 
-    def __init__(self, inner: Drafter, length: int, max_ngram: int = 3, min_ngram: int = 2) -> None:
+    The branch must also earn its rows in this generation: `yield_` is a moving average of the copied tokens
+    accepted per grafted round; while it is below `min_yield`, only every `probe_every`-th match is grafted, to
+    notice when copying starts to pay again. The choice depends on past rounds only, so it cannot bias the output.
+    """
+
+    def __init__(self, inner: Drafter, length: int, max_ngram: int = 3, min_ngram: int = 2,
+                 min_yield: float = 0.25, probe_every: int = 8, smoothing: float = 0.3) -> None:
         self.inner, self.length, self.max_ngram, self.min_ngram = inner, length, max_ngram, min_ngram
+        self.min_yield, self.probe_every, self.smoothing = min_yield, probe_every, smoothing
         self.name = f"{inner.name}+lookup"
 
     def start(self, context: list[int], max_nodes: int) -> None:
         self.context = list(context)
+        self.yield_, self.skipped = 1.0, 0  # optimistic: copy until copying is seen to fail
         self.inner.start(context, max_nodes)
+
+    def _wanted(self) -> bool:
+        if self.yield_ >= self.min_yield:
+            return True
+        self.skipped += 1
+        if self.skipped < self.probe_every:
+            return False
+        self.skipped = 0
+        return True
 
     def draft(self, shape: TreeShape, sampler: Sampler) -> DraftTree:
         drafted = self.inner.draft(shape, sampler)
         self.inner_nodes = len(drafted.tokens)
-        chain = find_continuation(self.context, self.max_ngram, self.length, self.min_ngram) if shape.depth else []
-        self.tree = graft(drafted, chain, merge=sampler.greedy)  # arm "0" (no drafting) stays a plain step
+        chain = []
+        if shape.depth:  # arm "0" (no drafting) stays a plain target step
+            chain = find_continuation(self.context, self.max_ngram, self.length, self.min_ngram)
+        self.tree = graft(drafted, chain, merge=sampler.greedy) if chain and self._wanted() else drafted
         return self.tree
+
+    @property
+    def grafted(self) -> bool:
+        """Whether the last drafted tree has copied nodes."""
+        return len(self.tree.tokens) > self.inner_nodes
 
     def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = ()) -> None:
         inner_path = [node for node in path if node < self.inner_nodes]  # grafted nodes come last on a path
         copied = [self.tree.tokens[node] for node in path[len(inner_path):]]
+        if self.grafted:
+            self.yield_ += self.smoothing * (len(copied) - self.yield_)
         self.inner.commit(inner_path, next_token, [*copied, *unseen])
         self.context.extend([*(self.tree.tokens[node] for node in path[1:]), *unseen, next_token])
 
