@@ -15,13 +15,23 @@ BOX = (
 )
 
 
+SOURCES = ("draft", "correction", "bonus")
+
+
+def token_css() -> str:
+    """One rule per token origin: a long answer's spans then carry a class and two data attributes, no style."""
+    rules = "".join(
+        f'.sd-tok[data-source="{source}"]{{{chip_style(swatch_for_source(source))}}}' for source in SOURCES
+    )
+    return f"<style>.sd-tok{{border-width:0 0 2px 0;border-radius:3px;padding:1px 0}}{rules}</style>"
+
+
 def token_span(text: str, source: str, round_index: int) -> str:
     """One emitted token; hovering tells its origin and round."""
     tip = f"round {round_index + 1}: {ORIGIN.get(source, source)}"
-    style = chip_style(swatch_for_source(source)) + "border-width:0 0 2px 0;border-radius:3px;padding:1px 0;"
     return (
         f'<span class="sd-tok" data-source="{source}" data-round="{round_index}" '
-        f'title="{html.escape(tip)}" style="{style}">{html.escape(text)}</span>'
+        f'title="{html.escape(tip)}">{html.escape(text)}</span>'
     )
 
 
@@ -29,7 +39,8 @@ def stream_html(rounds: list[RoundRecord], live: bool = False) -> str:
     """All tokens emitted so far, in order, as coloured spans (white space kept)."""
     spans = "".join(token_span(t.text, t.source, r.index) for r in rounds for t in r.emitted)
     cursor = '<span class="sd-cursor" style="color:#0072b2">▍</span>' if live else ""
-    return f'<div class="sd-stream" style="white-space:pre-wrap;word-break:break-word">{spans}{cursor}</div>'
+    return (f'{token_css()}<div class="sd-stream" style="white-space:pre-wrap;word-break:break-word">'
+            f"{spans}{cursor}</div>")
 
 
 def conversation_html(prompt: str, rounds: list[RoundRecord], live: bool = False, status: str = "") -> str:

@@ -132,12 +132,23 @@ def test_target_only_round_draws_root_and_target_token():
 
 def test_stream_colours_each_token_by_origin():
     html = stream_html([tree_with_correction(), chain_with_bonus()])
-    spans = re.findall(r'data-source="(\w+)" data-round="(\d)"[^>]*style="([^"]*)">([^<]*)</span>', html)
-    assert [(s, r, t) for s, r, _, t in spans] == [
+    spans = re.findall(r'<span class="sd-tok" data-source="(\w+)" data-round="(\d)" title="[^"]*">([^<]*)</span>',
+                       html)
+    assert spans == [
         ("draft", "0", " cat"), ("correction", "0", " ran"),
         ("draft", "4", " t1"), ("draft", "4", " t2"), ("draft", "4", " t3"), ("bonus", "4", "\n")]
-    assert SWATCHES["accepted"].fill in spans[0][2] and SWATCHES["target"].fill in spans[1][2]
+    rules = dict(re.findall(r'\.sd-tok\[data-source="(\w+)"\]\{([^}]*)\}', html))
+    assert SWATCHES["accepted"].fill in rules["draft"]
+    assert SWATCHES["target"].fill in rules["correction"] and SWATCHES["target"].fill in rules["bonus"]
     assert "white-space:pre-wrap" in html
+
+
+def test_long_answers_stream_little_markup_per_token():
+    """Colours come from one style block, so a token costs its text plus a short tag, however long the answer."""
+    emitted = [EmittedToken(i, " word", "draft") for i in range(500)]
+    html = stream_html([record([TreeNode(0, 1, "a", -1, 0, 1.0, 1.0, "root")], emitted, [1])])
+    assert html.count("<style>") == 1
+    assert len(html) / 500 < 110
 
 
 def test_stream_escapes_and_shows_cursor_while_live():

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from demo.colours import swatch_for_source
 from tests.app_process import running_app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,6 +20,11 @@ CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SCREENSHOT = ROOT / "artifacts" / "e2e-app.png"
+
+
+def css_rgb(hex_colour: str) -> str:
+    r, g, b = (int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))
+    return f"rgb({r}, {g}, {b})"
 
 
 def missing(reason: str) -> None:
@@ -58,6 +64,10 @@ def test_generate_streams_tokens_tree_and_plots(page):
     page.wait_for_selector("#conversation .sd-status:has-text('Done')", timeout=240_000)
     tokens = page.locator("#conversation .sd-tok")
     assert tokens.count() >= 2 and streaming == 1
+    for i in (0, tokens.count() - 1):  # coloured by the stream's style block, by origin
+        token = tokens.nth(i)
+        fill = swatch_for_source(token.get_attribute("data-source")).fill
+        assert token.evaluate("e => getComputedStyle(e).backgroundColor") == css_rgb(fill)
 
     # the draft tree: nodes of several colours, the target's token among them
     nodes = page.locator("#tree .sd-node")
