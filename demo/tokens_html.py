@@ -20,10 +20,11 @@ SOURCES = ("draft", "correction", "bonus")
 
 def token_css() -> str:
     """One rule per token origin: a long answer's spans then carry a class and two data attributes, no style."""
+    shape = "border-width:0 0 2px 0;border-radius:3px;padding:1px 0;"  # an underline, after the chip's border
     rules = "".join(
-        f'.sd-tok[data-source="{source}"]{{{chip_style(swatch_for_source(source))}}}' for source in SOURCES
+        f'.sd-tok[data-source="{source}"]{{{chip_style(swatch_for_source(source))}{shape}}}' for source in SOURCES
     )
-    return f"<style>.sd-tok{{border-width:0 0 2px 0;border-radius:3px;padding:1px 0}}{rules}</style>"
+    return f"<style>{rules}</style>"
 
 
 def token_span(text: str, source: str, round_index: int) -> str:

@@ -68,6 +68,7 @@ def test_generate_streams_tokens_tree_and_plots(page):
         token = tokens.nth(i)
         fill = swatch_for_source(token.get_attribute("data-source")).fill
         assert token.evaluate("e => getComputedStyle(e).backgroundColor") == css_rgb(fill)
+        assert token.evaluate("e => getComputedStyle(e).borderTopWidth") == "0px"  # underlined, not boxed
 
     # the draft tree: nodes of several colours, the target's token among them
     nodes = page.locator("#tree .sd-node")
