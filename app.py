@@ -75,7 +75,7 @@ def real_engine(target: str, drafter: str, tf_drafter: str, device: str, dtype: 
         try:
             loaded = models()
             loaded.load(progress)
-            if config.spec.drafter in ("mamba", "transformer"):
+            if config.spec.has_model:
                 loaded.drafter(config.spec.drafter, progress)
             return loaded
         except ModelLoadError as err:

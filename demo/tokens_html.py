@@ -13,18 +13,10 @@ BOX = (
     "font-family:ui-sans-serif,system-ui,sans-serif;font-size:18px;line-height:1.9;color:#111;"
     "background:#fff;border:1px solid #d0d0d0;border-radius:10px;padding:12px 14px;"
 )
-
-
-SOURCES = ("draft", "correction", "bonus")
-
-
-def token_css() -> str:
-    """One rule per token origin: a long answer's spans then carry a class and two data attributes, no style."""
-    shape = "border-width:0 0 2px 0;border-radius:3px;padding:1px 0;"  # an underline, after the chip's border
-    rules = "".join(
-        f'.sd-tok[data-source="{source}"]{{{chip_style(swatch_for_source(source))}{shape}}}' for source in SOURCES
-    )
-    return f"<style>{rules}</style>"
+UNDERLINE = "border-width:0 0 2px 0;border-radius:3px;padding:1px 0;"  # after the chip's border, so it wins
+# One rule per token origin, so a long answer's spans carry a class and two data attributes, not a style each.
+TOKEN_CSS = "<style>" + "".join(f'.sd-tok[data-source="{source}"]{{{chip_style(swatch_for_source(source))}'
+                                f"{UNDERLINE}}}" for source in ORIGIN) + "</style>"
 
 
 def token_span(text: str, source: str, round_index: int) -> str:
@@ -40,7 +32,7 @@ def stream_html(rounds: list[RoundRecord], live: bool = False) -> str:
     """All tokens emitted so far, in order, as coloured spans (white space kept)."""
     spans = "".join(token_span(t.text, t.source, r.index) for r in rounds for t in r.emitted)
     cursor = '<span class="sd-cursor" style="color:#0072b2">▍</span>' if live else ""
-    return (f'{token_css()}<div class="sd-stream" style="white-space:pre-wrap;word-break:break-word">'
+    return (f'{TOKEN_CSS}<div class="sd-stream" style="white-space:pre-wrap;word-break:break-word">'
             f"{spans}{cursor}</div>")
 
 

@@ -82,7 +82,7 @@ def parse_method(name: str) -> MethodSpec:
     if lookup:
         digits = lookup.removeprefix("lookup")
         if not lookup.startswith("lookup") or (digits and not digits.isdigit()) or \
-                base not in METHODS or METHODS[base].drafter not in ("mamba", "transformer"):
+                base not in METHODS or not METHODS[base].has_model:
             raise ValueError(f"'+{lookup}' in {base!r}: a mamba-* or tf-* method takes +lookup or +lookupN")
         length = int(digits) if digits else LOOKUP_BRANCH
     return MethodSpec(base, tree or None, reward or None, length)

@@ -16,6 +16,11 @@ class Method:
     default_tree: str | None
     description: str
 
+    @property
+    def has_model(self) -> bool:
+        """Whether the drafter is a trained model (Mamba or Transformer), not prompt lookup or nothing."""
+        return self.drafter in ("mamba", "transformer")
+
 
 # Default shapes are sized for a CPU, where one verification pass over 4-9 tokens costs 1.4-1.7 target steps
 # (see `kvcache.CPU_BLOCK_PADDING`); "0" is a plain target step, for when drafting does not pay.
@@ -82,7 +87,7 @@ class GenerationConfig:
     @property
     def grafts_lookup(self) -> bool:
         """Whether each drafted tree gets a prompt-lookup branch (neural drafters only)."""
-        return self.lookup_branch > 0 and self.spec.drafter in ("mamba", "transformer")
+        return self.lookup_branch > 0 and self.spec.has_model
 
     def shapes(self) -> list[TreeShape]:
         """The tree shapes this run may use: one for fixed policies, the bandit's arms for `*-ucb`."""

@@ -129,7 +129,7 @@ def generate(models: Models, prompt: str, config: GenerationConfig, stop: thread
     eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
 
     drafter = make_drafter(models, kind)
-    drafter_label = models.drafter(kind).name if kind in ("mamba", "transformer") else kind
+    drafter_label = models.drafter(kind).name if config.spec.has_model else kind
     if config.grafts_lookup:
         drafter, drafter_label = LookupBranch(drafter, config.lookup_branch), f"{drafter_label}+lookup"
     if config.spec.policy != "ucb":

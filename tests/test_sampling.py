@@ -18,18 +18,23 @@ def test_top_p_and_temperature():
     assert torch.allclose(logits_to_probs(logits, 0.0), torch.softmax(logits, -1))
 
 
+def emitted_counts(p, q, children, n: int, g, point=None) -> torch.Tensor:
+    """How often each token is emitted at one node over n trials; `children(i)` gives trial i's drafted tokens."""
+    counts = torch.zeros(len(p))
+    for i in range(n):
+        xs = children(i)
+        j, p_res = accept_node(p, q, xs, torch.rand(len(xs), generator=g), point)
+        counts[xs[j] if j is not None else int(torch.multinomial(p_res, 1, generator=g))] += 1
+    return counts
+
+
 def test_multi_draft_node_is_exact():
     """k i.i.d. drafts from q, accept/residual per PAPER.md: the emitted token is distributed as p."""
     g = torch.Generator().manual_seed(0)
     p = torch.tensor([0.5, 0.05, 0.25, 0.2])
     q = torch.tensor([0.1, 0.6, 0.1, 0.2])
-    counts = torch.zeros(4)
     n = 20000
-    for _ in range(n):
-        xs = torch.multinomial(q, 3, replacement=True, generator=g).tolist()
-        j, p_res = accept_node(p, q, xs, torch.rand(3, generator=g))
-        token = xs[j] if j is not None else int(torch.multinomial(p_res, 1, generator=g))
-        counts[token] += 1
+    counts = emitted_counts(p, q, lambda i: torch.multinomial(q, 3, replacement=True, generator=g).tolist(), n, g)
     assert chisquare(counts.numpy(), (p * n).numpy()).pvalue > 1e-3
     # the same test does detect the drafter's own distribution
     assert chisquare(counts.numpy(), (q * n).numpy()).pvalue < 1e-6
@@ -62,19 +67,13 @@ def test_point_mass_children_keep_the_node_exact():
     g = torch.Generator().manual_seed(1)
     p = torch.tensor([0.1, 0.4, 0.3, 0.2])
     q = torch.tensor([0.7, 0.1, 0.1, 0.1])
-    counts = torch.zeros(4)
     n = 20000
-    for i in range(n):
-        copied = i % 4  # any token fixed before the draws, whatever its p
-        xs = [*torch.multinomial(q, 2, replacement=True, generator=g).tolist(), copied]
-        j, p_res = accept_node(p, q, xs, torch.rand(3, generator=g), point=[False, False, True])
-        token = xs[j] if j is not None else int(torch.multinomial(p_res, 1, generator=g))
-        counts[token] += 1
+
+    def two_draws_and(copied):  # the copy is any token fixed before the draws, whatever its p
+        return lambda i: [*torch.multinomial(q, 2, replacement=True, generator=g).tolist(), copied(i)]
+
+    counts = emitted_counts(p, q, two_draws_and(lambda i: i % 4), n, g, point=[False, False, True])
     assert chisquare(counts.numpy(), (p * n).numpy()).pvalue > 1e-3
     # treating the copy as one more draw from q is detectably wrong
-    wrong = torch.zeros(4)
-    for i in range(n):
-        xs = [*torch.multinomial(q, 2, replacement=True, generator=g).tolist(), 1]
-        j, p_res = accept_node(p, q, xs, torch.rand(3, generator=g))
-        wrong[xs[j] if j is not None else int(torch.multinomial(p_res, 1, generator=g))] += 1
+    wrong = emitted_counts(p, q, two_draws_and(lambda i: 1), n, g)
     assert chisquare(wrong.numpy(), (p * n).numpy()).pvalue < 1e-6
