@@ -13,7 +13,9 @@ node is kept in buffers allocated once per generation (row 0 is the root), so ca
 verification is a row selection plus one step for the target's correction/bonus token.
 
 `mixer_step_ref` is the readable PyTorch step; on CUDA, when `mamba_ssm` and `causal_conv1d` import,
-their fused single-step kernels are used instead (tests check the two agree where a GPU exists).
+their fused single-step kernels are used instead (tests check the two agree where a GPU exists). On CUDA the
+step is replayed from CUDA graphs, one per batch size (`specdec.drafters.cuda_graph`); `step_eager` is the
+reference, and `cuda_graphs=False` or SPECDEC_CUDA_GRAPHS=0 turns the graphs off.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch.nn.functional as F
 from transformers import MambaForCausalLM
 
 from specdec.drafters.base import Drafter, DraftTree, Sampler, TreeBuilder
+from specdec.drafters.cuda_graph import graphs_enabled, shared_graphs
 from specdec.tree import TreeShape
 from specdec.vocab import fit_vocab, load_draft_vocab, scatter_head
 
@@ -104,7 +107,7 @@ class MambaDrafter(Drafter):
     name = "mamba"
 
     def __init__(self, model: MambaForCausalLM, vocab_size: int, head_ids: torch.Tensor | None = None,
-                 use_kernels: bool | None = None) -> None:
+                 use_kernels: bool | None = None, cuda_graphs: bool | None = None) -> None:
         self.model = model
         self.vocab_size = vocab_size
         self.device = model.device
@@ -118,6 +121,10 @@ class MambaDrafter(Drafter):
         self.max_input_id = model.get_input_embeddings().num_embeddings - 1
         self.head_ids = head_ids.to(self.device) if head_ids is not None else None
         self.head_weight = weight[self.head_ids] if head_ids is not None else weight  # reduced draft head
+        self.graphs = None  # CUDA graphs of `step_eager`, shared with other drafters of the same model and head
+        if graphs_enabled(self.device, cuda_graphs):
+            head_key = tuple(self.head_ids.tolist()) if self.head_ids is not None else None
+            self.graphs = shared_graphs(model, (vocab_size, head_key, self.mixer_step), self.step_eager)
 
     @classmethod
     def from_folder(cls, model: MambaForCausalLM, vocab_size: int, folder: str | None) -> MambaDrafter:
@@ -128,6 +135,13 @@ class MambaDrafter(Drafter):
     @torch.inference_mode()
     def step(self, tokens: torch.Tensor, state: MambaState, logits: bool = True) -> torch.Tensor | None:
         """Feed tokens [B] to B rows of `state` (updated in place). Returns logits [B, V] (target width) or None."""
+        if self.graphs is not None:
+            return self.graphs(tokens, state, logits)
+        return self.step_eager(tokens, state, logits)
+
+    @torch.inference_mode()
+    def step_eager(self, tokens: torch.Tensor, state: MambaState, logits: bool = True) -> torch.Tensor | None:
+        """`step` in plain PyTorch, kernel by kernel: the reference the CUDA graphs record and are checked against."""
         backbone = self.model.backbone
         # a target token the drafter has no embedding for only makes drafting worse, never inexact
         h = backbone.embeddings(tokens.clamp_max(self.max_input_id))  # [B, d]
@@ -148,7 +162,7 @@ class MambaDrafter(Drafter):
         """Run the prompt from a zero state with the model's full-sequence path; -> (state of 1 row, logits [V])."""
         ids = torch.tensor([context], device=self.device).clamp_max(self.max_input_id)
         out = self.model(input_ids=ids, use_cache=True)
-        layers = out.cache.layers
+        layers = (out.cache if hasattr(out, "cache") else out.cache_params).layers  # 5.17 calls it cache_params
         conv = torch.stack([layer.conv_states[0][:, :, -self.model.config.conv_kernel:] for layer in layers]).float()
         ssm = torch.stack([layer.recurrent_states[0] for layer in layers]).float()
         logits = out.logits[0, -1]
