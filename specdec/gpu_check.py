@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -42,13 +43,13 @@ METHODS = ("ar", "mamba-chain", "mamba-ucb", "tf-tree")
 
 # LlamaConfig fields of the random targets; vocabulary VOCAB, tied embeddings.
 TARGETS = {
-    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                         num_key_value_heads=3),  # SmolLM2-135M's shape
-    "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-                     num_key_value_heads=8),  # Llama-3.2-1B's shape (1.07B parameters at this vocabulary)
+    "smollm2-135m": {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+                     "num_attention_heads": 9, "num_key_value_heads": 3},  # SmolLM2-135M's shape
+    "llama-1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
+                 "num_key_value_heads": 8},  # Llama-3.2-1B's shape (1.07B parameters at this vocabulary)
 }
-TINY_TARGETS = {"tiny-llama": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2)}
+TINY_TARGETS = {"tiny-llama": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                               "num_attention_heads": 4, "num_key_value_heads": 2}}
 
 
 @dataclass(frozen=True)
@@ -186,22 +187,24 @@ def cuda_graphs(on: bool) -> Iterator[None]:
             os.environ[ENV_FLAG] = before
 
 
-def time_drafter_step(model, folder: str, plan: Plan, dtype_name: str) -> list[dict]:
+def time_drafter_step(model, folder: str, plan: Plan, dtype_name: str, on_row: Callable[[dict], None]) -> None:
     from specdec.drafters.mamba import MambaDrafter, MambaState
     from specdec.vocab import load_draft_vocab
 
-    rows = []
     for graphs in plan.graphs:
         drafter = MambaDrafter(model, VOCAB, load_draft_vocab(folder), cuda_graphs=graphs)
         for batch in BATCHES:
-            state = MambaState.zeros(model, batch)
             tokens = torch.arange(batch, device=plan.device) + 100  # [B]
-            ms = median_ms(lambda: drafter.step(tokens, state), plan.step_reps, plan.device)
-            rows.append({"dtype": dtype_name, "cuda_graphs": graphs, "batch": batch, "ms": ms})
-    return rows
+            ms = median_ms(partial(drafter.step, tokens, MambaState.zeros(model, batch)), plan.step_reps, plan.device)
+            on_row({"dtype": dtype_name, "cuda_graphs": graphs, "batch": batch, "ms": ms})
 
 
-def time_verification(model, plan: Plan, target: str, dtype_name: str) -> dict:
+def verify_once(lm, tokens: list[int], parents: list[int]) -> None:
+    lm.extend(tokens, parents)
+    lm.commit([])  # drop the region: every pass sees the same context
+
+
+def time_verification(model, plan: Plan, target: str, dtype_name: str, on_row: Callable[[dict], None]) -> None:
     """ms of one `extend` over n tree tokens (a binary tree: node i's parent is (i-1)//2), for n = 1..16."""
     from specdec.kvcache import TreeLM
 
@@ -212,13 +215,8 @@ def time_verification(model, plan: Plan, target: str, dtype_name: str) -> dict:
     ms = {}
     for n in range(1, 17):
         tokens, parents = [(11 * i) % 256 for i in range(n)], [-1] + [(i - 1) // 2 for i in range(1, n)]
-
-        def one_pass() -> None:
-            lm.extend(tokens, parents)
-            lm.commit([])  # drop the region: every pass sees the same context
-
-        ms[str(n)] = median_ms(one_pass, plan.verify_reps, plan.device, warmup=1)
-    return {"target": target, "dtype": dtype_name, "context": plan.context, "ms": ms}
+        ms[str(n)] = median_ms(partial(verify_once, lm, tokens, parents), plan.verify_reps, plan.device, warmup=1)
+    on_row({"target": target, "dtype": dtype_name, "context": plan.context, "ms": ms})
 
 
 def run_generation(models, method: str, max_new_tokens: int, prompt: str) -> tuple[list, object]:
@@ -272,7 +270,7 @@ def run_tests(plan: Plan, outdir: Path) -> dict:
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     try:
-        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False,
                               timeout=plan.tests_timeout_s)
         log, returncode = done.stdout + done.stderr, done.returncode
     except subprocess.TimeoutExpired as err:
@@ -296,33 +294,38 @@ def measure(report: Report, plan: Plan, budget: Budget) -> None:
         dtype_name = str(dtype).removeprefix("torch.")
         mamba_model, mamba_folder = shipped_drafter("mamba-smollm2", plan.device, dtype)
         tf_model, tf_folder = shipped_drafter("tf-smollm2", plan.device, dtype)
-        attempt(report, f"drafter step {dtype_name}", budget,
-                lambda: report.drafter_step.extend(time_drafter_step(mamba_model, mamba_folder, plan, dtype_name)))
+        attempt(report, f"drafter step {dtype_name}", budget, time_drafter_step, mamba_model, mamba_folder, plan,
+                dtype_name, report.drafter_step.append)
         for name, shape in plan.targets.items():
             label = f"{name} {dtype_name}"
             target = random_target(shape, plan.device, dtype)
-            attempt(report, f"verification {label}", budget,
-                    lambda: report.verify.append(time_verification(target, plan, name, dtype_name)))
+            attempt(report, f"verification {label}", budget, time_verification, target, plan, name, dtype_name,
+                    report.verify.append)
             models = Models.from_loaded(LoadedModel(name, target, tokenizer, "random"),
                                         LoadedModel("mamba-smollm2", mamba_model, None, mamba_folder),
                                         LoadedModel("tf-smollm2", tf_model, None, tf_folder))
-            attempt(report, f"end to end {label}", budget,
-                    lambda: time_end_to_end(models, plan, name, dtype_name, report.end_to_end.append, budget))
+            attempt(report, f"end to end {label}", budget, time_end_to_end, models, plan, name, dtype_name,
+                    report.end_to_end.append, budget)
             del models, target
             free_memory(plan.device)
         del mamba_model, tf_model
         free_memory(plan.device)
 
 
-def attempt(report: Report, what: str, budget: Budget, fn: Callable[[], object]) -> None:
+def attempt(report: Report, what: str, budget: Budget, fn: Callable[..., None], *args: object) -> None:
+    """`fn(*args)`, unless the budget is spent; a failure becomes one line of the report."""
     try:
         budget.check()
-        fn()
+        fn(*args)
     except BudgetSpent as err:
         report.failures.append(f"{what}: {err}")
     except Exception as err:  # noqa: BLE001 - one line per failed measurement; the rest of the report still comes
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        report.failures.append(f"{what}: {type(err).__name__}: {first_line}")
+        report.failures.append(f"{what}: {one_line(err)}")
+
+
+def one_line(err: Exception) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def free_memory(device: torch.device) -> None:
@@ -342,7 +345,10 @@ def run(outdir: Path, cpu: bool, budget_s: float | None = None, tests: bool = Tr
         report.tests = run_tests(plan, outdir)
         if report.tests["returncode"] != 0:
             report.failures.append(f"CUDA tests: {report.tests['summary']} (see cuda_tests.log)")
-    measure(report, plan, budget)
+    try:
+        measure(report, plan, budget)
+    except Exception as err:  # noqa: BLE001 - a model that cannot be built or loaded: reported, not a traceback
+        report.failures.append(f"measurements stopped: {one_line(err)}")
     report.seconds = time.perf_counter() - budget.started
     write_report(report, outdir)
     return report
@@ -355,10 +361,10 @@ def _flag(value: bool | None) -> str:
 
 def markdown(report: Report) -> str:
     env = report.environment
-    lines = [f"# GPU check ({report.mode})", "",
-             f"{env['started_utc']}, {env['device_name']} ({env['device']}); Python {env['python']}, torch "
-             f"{env['torch']}, transformers {env['transformers']}; mamba-ssm kernels: "
-             f"{'yes' if env['mamba_kernels'] else 'no'}; {report.seconds:.0f} s in all.", ""]
+    setting = (f"{env['started_utc']}, {env['device_name']} ({env['device']}); Python {env['python']}, torch "
+               f"{env['torch']}, transformers {env['transformers']}; mamba-ssm kernels: "
+               f"{'yes' if env['mamba_kernels'] else 'no'}; {report.seconds:.0f} s in all.")
+    lines = [f"# GPU check ({report.mode})", "", setting, ""]
     if report.tests:
         lines += [f"CUDA tests (`{report.tests['command']}`): {report.tests['summary']}", ""]
     lines += ["## Mamba drafter step", "", "| dtype | CUDA graphs | batch | ms/step |", "|---|---|---|---|"]
@@ -366,12 +372,12 @@ def markdown(report: Report) -> str:
               for r in report.drafter_step]
     context = report.verify[0]["context"] if report.verify else "the context"
     lines += ["", f"## Verification: ms of one pass over n tree tokens after {context} (n=1 is a target step)", "",
-              "| target | dtype | " + " | ".join(str(n) for n in range(1, 17)) + " |", "|---|---|" + "---|" * 16]
+              "| target | dtype | " + " | ".join(str(n) for n in range(1, 17)) + " |", ("|---|---|" + "---|" * 16)]
     lines += [f"| {r['target']} | {r['dtype']} | " + " | ".join(f"{r['ms'][str(n)]:.2f}" for n in range(1, 17)) + " |"
               for r in report.verify]
     lines += ["", "## End to end (greedy; a random target accepts almost no drafted token)", "",
-              "| target | dtype | method | CUDA graphs | tok/s | mean accepted len | draft ms/round | verify ms/round "
-              "| identical to ar |", "|---|---|---|---|---|---|---|---|---|"]
+              ("| target | dtype | method | CUDA graphs | tok/s | mean accepted len | draft ms/round | verify ms/round "
+               "| identical to ar |"), "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['target']} | {r['dtype']} | {r['method']} | {_flag(r['cuda_graphs'])} | {r['tokens_per_s']:.1f} "
               f"| {r['mean_accepted_len']:.2f} | {r['draft_ms_per_round']:.2f} | {r['verify_ms_per_round']:.2f} | "
               f"{'yes' if r['identical_to_ar'] else 'no'} |" for r in report.end_to_end]

@@ -82,6 +82,38 @@ def test_sampling_matches_the_target_distribution(tiny_models, cuda_models, meth
     assert _chi_square(counts, dist, RUNS) > 1e-3
 
 
+def test_tree_verification_matches_each_branch():
+    """One target pass over a tree on the GPU gives every node the logits of its branch run alone, and a commit
+    keeps exactly the accepted branch (transformers versions differ in how a cache reaches the model)."""
+    from specdec.kvcache import TreeLM
+    from specdec.tree import TreeShape
+    from tests.tiny import tiny_llama
+
+    model = tiny_llama(11, seed=5).to(CUDA)
+    prefix, parents = [1, 4, 2, 7, 3], TreeShape((2, 2, 1)).parents
+    tokens = torch.randint(0, 11, (len(parents),), generator=torch.Generator().manual_seed(1)).tolist()
+    lm = TreeLM(model)
+    lm.extend(prefix, list(range(-1, len(prefix) - 1)))
+    lm.commit(list(range(len(prefix))))
+    logits = lm.extend(tokens, parents)  # [n, V]
+    branches = []
+    for node in range(len(tokens)):
+        branch = [node]
+        while parents[branch[0]] >= 0:
+            branch.insert(0, parents[branch[0]])
+        branches.append(branch)
+        with torch.no_grad():
+            expected = model(input_ids=torch.tensor([prefix + [tokens[i] for i in branch]], device=CUDA)).logits
+        torch.testing.assert_close(logits[node], expected[0, -1], atol=1e-4, rtol=1e-4)
+    keep = branches[-1]  # the deepest branch
+    lm.commit(keep)
+    next_logits = lm.extend([9], [-1])[0]
+    with torch.no_grad():
+        seq = prefix + [tokens[i] for i in keep] + [9]
+        expected = model(input_ids=torch.tensor([seq], device=CUDA)).logits[0, -1]
+    torch.testing.assert_close(next_logits, expected, atol=1e-4, rtol=1e-4)
+
+
 def test_dtype_auto_is_bfloat16_on_cuda():
     models = Models(device="cuda", dtype="auto", drafter_dtype="auto")  # lazy: loads nothing
     assert models.device.type == "cuda" and models.dtype == torch.bfloat16
