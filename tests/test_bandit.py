@@ -1,4 +1,7 @@
+import math
 import random
+
+import pytest
 
 from specdec.bandit import UCBBandit, paper_reward
 from specdec.tree import parse_arms
@@ -25,7 +28,19 @@ def test_tries_every_arm_first_then_converges_to_the_best():
     snap = bandit.snapshot(bandit.select())
     assert snap.chosen == 2 and [a.name for a in snap.arms] == ["chain 1", "chain 2", "chain 3", "chain 4"]
     assert max(range(4), key=lambda k: snap.arms[k].mean_reward) == 2
-    assert all(a.ucb is not None and a.ucb > a.mean_reward for a in snap.arms)
+    t = sum(bandit.pulls)
+    for arm, n in zip(snap.arms, bandit.pulls):  # UCB1: mean + λ sqrt(2 ln t / n), from the pulls alone
+        assert arm.pulls == n and math.isclose(arm.ucb, arm.mean_reward + 0.5 * math.sqrt(2 * math.log(t) / n))
+
+
+@pytest.mark.parametrize("lambda_ucb, chosen", [(1.0, 1), (0.0, 0)])
+def test_exploration_picks_a_rarely_tried_arm(lambda_ucb, chosen):
+    """Arm 0: mean 0.5 over 10 pulls; arm 1: 0.4 once. The bonus (2.19 vs 0.69 at λ = 1) outweighs the means."""
+    bandit = UCBBandit(parse_arms("1; 2"), lambda_ucb=lambda_ucb)
+    for _ in range(10):
+        bandit.update(0, 0.5)
+    bandit.update(1, 0.4)
+    assert bandit.select() == chosen
 
 
 def test_throughput_reward_is_normalised():
@@ -33,4 +48,6 @@ def test_throughput_reward_is_normalised():
     bandit.update(0, bandit.reward(n_accept=3, depth=1, seconds=0.1))  # 30 tok/s
     bandit.update(1, bandit.reward(n_accept=6, depth=2, seconds=0.1))  # 60 tok/s
     assert bandit.means() == [0.5, 1.0]
-    assert bandit.select() in (0, 1) and bandit.snapshot(1).last_reward == 1.0
+    assert bandit.select() == 1 and bandit.snapshot(1).last_reward == 1.0  # equal pulls: the higher mean wins
+    bandit.update(0, bandit.reward(n_accept=12, depth=1, seconds=0.1))  # 120 tok/s: the new scale
+    assert bandit.means() == [(30 + 120) / 2 / 120, 60 / 120]

@@ -35,12 +35,27 @@ def test_benchmark_compares_methods(tiny_models, prompts):
             assert key in row
         assert row["tokens_per_s"] > 0 and row["peak_rss_mb"] > 0
     assert rows["ar"]["speedup_vs_ar"] == 1.0
-    for name in methods[:5]:  # the engine's methods are exact
+    assert rows["hf-ar"]["identical_to_ar"] is True  # transformers' own greedy loop: the independent reference
+    assert rows["ar"]["mean_accepted_len"] == 1.0 and rows["ar"]["acceptance_rate"] is None  # one token a round
+    for name in methods[1:5]:  # the engine's drafting methods are exact, and their drafts were accepted
         assert rows[name]["identical_to_ar"] is True
-        assert rows[name]["mean_accepted_len"] >= 1.0
+        assert rows[name]["mean_accepted_len"] > 1.0 and rows[name]["acceptance_rate"] > 0
     assert rows["hf-ar"]["mean_accepted_len"] is None  # not measured for transformers' own loops
     table = bench.markdown_table(result)
     assert table.count("\n| ") == len(methods) and "| mamba-tree:2,2 |" in table
+
+
+def test_aggregate_counts_and_compares_tokens():
+    ar = [bench.Run("p0", "code", [1, 2, 3], 1.0, 2**20, rounds=3),
+          bench.Run("p1", "chat", [4, 5], 1.0, 2**20, rounds=2)]
+    same = [bench.Run("p0", "code", [1, 2, 3], 0.5, 2**21, rounds=1, accepted=2, tested=2),
+            bench.Run("p1", "chat", [4, 5], 0.5, 2**21, rounds=1, accepted=1, tested=2)]
+    row = bench._aggregate(same, ar, greedy=True, engine=True)
+    assert row["identical_to_ar"] is True and row["mean_accepted_len"] == 5 / 2 and row["acceptance_rate"] == 3 / 4
+    assert row["tokens_per_s"] == 5.0 and row["peak_rss_mb"] == 2.0
+    other = [same[0], bench.Run("p1", "chat", [4, 6], 0.5, 2**21, rounds=1)]  # one token differs on one prompt
+    assert bench._aggregate(other, ar, greedy=True, engine=True)["identical_to_ar"] is False
+    assert bench._aggregate(same, ar, greedy=False, engine=True)["identical_to_ar"] is None
 
 
 def test_sampling_benchmark_has_no_identity(tiny_models, prompts):

@@ -23,11 +23,11 @@ class TinyTokenizer:
         return {c: i for i, c in enumerate(self.alphabet)}
 
 
-def tiny_llama(vocab_size: int, seed: int, attn: str = "sdpa") -> LlamaForCausalLM:
+def tiny_llama(vocab_size: int, seed: int, attn: str = "sdpa", positions: int = 256) -> LlamaForCausalLM:
     """Large init range so the next-token distributions are far from uniform (and from other seeds')."""
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=positions,
                          initializer_range=0.3, tie_word_embeddings=False, attn_implementation=attn,
                          bos_token_id=None, eos_token_id=None, pad_token_id=None)
     model = LlamaForCausalLM(config).eval()

@@ -28,7 +28,7 @@ def css_rgb(hex_colour: str) -> str:
 
 
 def missing(reason: str) -> None:
-    """Skip on a developer machine; fail in CI, where the browser must be there."""
+    """Skip on a developer machine; fail in CI (`CI` set, as CI services do), where `make test` installs both."""
     (pytest.fail if os.environ.get("CI") else pytest.skip)(reason)
 
 
@@ -40,10 +40,13 @@ def app_url(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def page(app_url):
-    sync_api = pytest.importorskip("playwright.sync_api")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing("playwright is not installed; run `pip install -r requirements-test.txt` (make test does)")
     if not os.path.exists(CHROMIUM):
-        missing(f"{CHROMIUM} is missing; run scripts/ensure_chromium.sh")
-    with sync_api.sync_playwright() as p:
+        missing(f"{CHROMIUM} is missing; run scripts/ensure_chromium.sh (make test does)")
+    with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         tab = browser.new_page(viewport={"width": 1400, "height": 1000})
         tab.set_default_timeout(20_000)
@@ -70,16 +73,27 @@ def test_generate_streams_tokens_tree_and_plots(page):
         assert token.evaluate("e => getComputedStyle(e).backgroundColor") == css_rgb(fill)
         assert token.evaluate("e => getComputedStyle(e).borderTopWidth") == "0px"  # underlined, not boxed
 
-    # the draft tree: nodes of several colours, the target's token among them
+    # the run's round records download as JSON: what the page shows is checked against them below
+    with page.expect_download() as download:
+        page.locator("#export-btn").click()
+    data = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
+    assert data["summary"]["new_tokens"] == tokens.count() == len(data["rounds"][-1]["emitted"]) + sum(
+        len(r["emitted"]) for r in data["rounds"][:-1])
+    last = data["rounds"][-1]
+
+    # the draft tree of the last round: every node, the target's token when the round ended with one
     nodes = page.locator("#tree .sd-node")
-    assert nodes.count() >= 2
     fills = {nodes.nth(i).locator("rect").get_attribute("fill") for i in range(nodes.count())}
     assert len(fills) >= 2
-    assert page.locator("#tree .sd-node[data-status=target]").count() in (0, 1)
-    assert "Round" in page.locator("#tree .sd-tree-head").inner_text()
+    ends_with_target = last["emitted"][-1]["source"] != "draft"  # not cut inside the drafts by max tokens / EOS
+    assert page.locator("#tree .sd-node[data-status=target]").count() == int(ends_with_target)
+    assert f"Round {len(data['rounds'])} " in page.locator("#tree .sd-tree-head").inner_text()
     drafted = page.locator("#tree .sd-node:not([data-status=root]):not([data-status=target]) title")
-    if drafted.count():  # hover text of a drafted node
-        assert "q (drafter) = " in drafted.first.text_content() and "p (target) = " in drafted.first.text_content()
+    assert drafted.count() == len(last["nodes"]) - 1
+    # greedy decoding and the paper's reward make this run deterministic; its last round drafts (a tree to hover)
+    assert drafted.count() >= 1, "the last round drafted nothing: pick a prompt whose last round drafts"
+    tip = drafted.first.text_content()  # hover text of a drafted node
+    assert "p (target) = " in tip and ("q (drafter) = " in tip or "copied from the context" in tip)
 
     # plots rendered by plotly in the page
     for plot in ("#speed-plot", "#memory-plot", "#bandit-plot"):
@@ -88,13 +102,6 @@ def test_generate_streams_tokens_tree_and_plots(page):
 
     SCREENSHOT.parent.mkdir(exist_ok=True)
     page.screenshot(path=str(SCREENSHOT), full_page=True)
-
-    # the run's round records download as JSON
-    with page.expect_download() as download:
-        page.locator("#export-btn").click()
-    data = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
-    assert data["summary"]["new_tokens"] == tokens.count() == len(data["rounds"][-1]["emitted"]) + sum(
-        len(r["emitted"]) for r in data["rounds"][:-1])
 
 
 def test_step_mode_explains_one_round(page):

@@ -1,0 +1,79 @@
+"""Model presets: a shipped drafter that is missing is one error naming the file, never a random stand-in."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec import cli
+from specdec import models as models_module
+from specdec.models import DEFAULT_TARGET, PRESETS, SHIPPED_DRAFTER_FILES, ModelLoadError, load_model
+
+SHIPPED = [name for name, preset in PRESETS.items() if preset.folder]
+CPU = torch.device("cpu")
+
+
+def fake_assets(root: Path, missing: str | None) -> Path:
+    """An assets/ folder whose shipped drafters hold every required file (as stubs) except `missing`."""
+    for name in SHIPPED:
+        folder = root / PRESETS[name].folder
+        folder.mkdir(parents=True)
+        for file in SHIPPED_DRAFTER_FILES:
+            if file != missing:
+                (folder / file).write_text("{}")
+    return root
+
+
+def test_the_shipped_drafters_are_presets_with_their_files():
+    assert SHIPPED == ["mamba-smollm2", "tf-smollm2"]
+    for name in SHIPPED:
+        folder = models_module.ASSETS / PRESETS[name].folder
+        assert PRESETS[name].files == SHIPPED_DRAFTER_FILES
+        assert all((folder / file).is_file() for file in SHIPPED_DRAFTER_FILES), folder
+
+
+@pytest.mark.parametrize("missing", SHIPPED_DRAFTER_FILES)
+@pytest.mark.parametrize("name", SHIPPED)
+def test_a_missing_file_of_a_shipped_drafter_is_named(monkeypatch, tmp_path, name, missing):
+    monkeypatch.setattr(models_module, "ASSETS", fake_assets(tmp_path, missing))
+    path = tmp_path / PRESETS[name].folder / missing
+    with pytest.raises(ModelLoadError, match=f"preset '{name}' is missing {path}"):
+        load_model(name, CPU, torch.float32, vocab_size=6)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_a_missing_drafter_folder_is_named(monkeypatch, tmp_path, name):
+    monkeypatch.setattr(models_module, "ASSETS", tmp_path)
+    with pytest.raises(ModelLoadError, match=f"missing its folder {tmp_path / PRESETS[name].folder}"):
+        load_model(name, CPU, torch.float32, vocab_size=6)
+
+
+@pytest.mark.parametrize("name, model_type", [("random-mamba", "mamba"), ("random-tf", "llama")])
+def test_random_drafters_only_by_name(name, model_type):
+    loaded = load_model(name, CPU, torch.float32, vocab_size=6)
+    assert loaded.model.config.model_type == model_type and loaded.vocab_size == 6
+    assert loaded.source.startswith("random ") and loaded.tokenizer is None
+
+
+@pytest.fixture
+def no_drafters(monkeypatch, tmp_path, tiny_models):
+    """The default presets with an empty assets/ folder; the default target is the tiny one (no 40 s load)."""
+    real = models_module.load_model
+
+    def load(spec, device, dtype, vocab_size=None):
+        return tiny_models.target if spec == DEFAULT_TARGET else real(spec, device, dtype, vocab_size)
+
+    monkeypatch.setattr(models_module, "load_model", load)
+    monkeypatch.setattr(models_module, "ASSETS", tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("method, preset", [("mamba-ucb", "mamba-smollm2"), ("tf-tree", "tf-smollm2")])
+def test_the_cli_says_which_drafter_is_missing(no_drafters, capsys, method, preset):
+    code = cli.main(["generate", "--prompt", "abc", "--method", method, "--lookup-branch", "6", "--device", "cpu",
+                     "--max-new-tokens", "4"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert errors == [f"error: preset '{preset}' is missing its folder {no_drafters / 'drafters' / preset}; "
+                      "restore the repository's assets/ folder or pass another model"]
