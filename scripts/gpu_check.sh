@@ -5,7 +5,7 @@
 #   scripts/gpu_check.sh OUTDIR --cpu    dry run on a tiny target (CI runs it)
 # Writes OUTDIR/gpu_check.md, OUTDIR/gpu_check.json and OUTDIR/cuda_tests.log; exits 1 on any failure.
 set -euo pipefail
-if [ $# -lt 1 ]; then
+if [ $# -lt 1 ] || [ "${1#-}" != "$1" ]; then  # no OUTDIR, or an option in its place
     echo "usage: scripts/gpu_check.sh OUTDIR [--cpu]" >&2
     exit 2
 fi
