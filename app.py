@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import os
 import tempfile
 import time
@@ -18,30 +19,25 @@ from pathlib import Path
 
 import gradio as gr
 
-from demo.captions import caption_html, round_caption, status_text
+from demo import presenter
 from demo.compare import compare_html
+from demo.explainer import explainer_html
+from demo.live import LOOKUP_BRANCH, METHODS, SETTINGS, live_panel
 from demo.plots import bandit_figure, memory_figure, speed_figure
 from demo.prompts import load_prompts
+from demo.replay import recorded_runs
+from demo.replay_ui import replay_panel, wire_replay
 from demo.runner import in_background
 from demo.session import Session, write_export
 from demo.tokens_html import conversation_html
 from demo.tree_svg import tree_html
+from demo.views import main_views, round_views
 
 ROOT = Path(__file__).resolve().parent
 EXPORTS = Path(tempfile.gettempdir()) / "specdec-exports"
+RUNS = ROOT / "assets" / "runs"  # recorded runs offered in the Replay tab (scripts/record_runs.py)
 PLOT_EVERY_S = 1.0  # plots are re-drawn at most this often while streaming; text and tree every round batch
-LOOKUP_BRANCH = 6  # tokens of the prompt-lookup branch when it is switched on (specdec.config.LOOKUP_BRANCH)
-LOOKUP_DEFAULT = True
-
-METHODS = {  # value -> (label in the UI, one-line explanation)
-    "mamba-ucb": ("Mamba tree + bandit", "A Mamba drafter drafts a tree; a UCB bandit picks its shape each round."),
-    "mamba-tree": ("Mamba, fixed tree", "A Mamba drafter drafts a tree of the shape set under Advanced."),
-    "mamba-chain": ("Mamba chain", "A Mamba drafter drafts a single chain of tokens (no branching)."),
-    "tf-tree": ("Transformer drafter, tree", "A small Transformer drafter (with a KV cache) drafts a fixed tree."),
-    "tf-chain": ("Transformer drafter, chain", "A small Transformer drafter drafts a single chain."),
-    "lookup-chain": ("Prompt lookup", "No drafter model: copy what followed the last matching words of the text."),
-    "ar": ("Target only", "No drafting: the target writes one token per step (the baseline)."),
-}
+__all__ = ["LOOKUP_BRANCH", "METHODS"]  # the app's labels, kept beside the page in demo/live.py
 
 
 @dataclass(frozen=True)
@@ -79,7 +75,7 @@ def real_engine(target: str, drafter: str, tf_drafter: str, device: str, dtype: 
                 loaded.drafter(config.spec.drafter, progress)
             return loaded
         except ModelLoadError as err:
-            raise gr.Error(f"Could not load the models: {err}") from err
+            raise gr.Error(f"Could not load the models: {err}. The Replay tab still plays recorded runs.") from err
 
     def generate(models, prompt, config, stop, memory):
         from specdec.bandit import UCBBandit
@@ -93,25 +89,6 @@ def real_engine(target: str, drafter: str, tf_drafter: str, device: str, dtype: 
         return run(models, prompt, config, stop, bandit=bandit)
 
     return Engine(make_config, prepare, generate)
-
-
-# ---------------------------------------------------------------- adapter: session -> UI values
-
-
-def main_views(session: Session, live: bool, plots: bool = True) -> list:
-    """The adapter: one session's run as values for conversation, caption, tree, round slider and the 3 plots."""
-    latest = session.round_at(None)
-    n = len(session.rounds)
-    html = [
-        conversation_html(session.prompt, session.rounds, live, status_text(session, live)),
-        caption_html(round_caption(latest)) if latest else "",
-        tree_html(latest, n),
-        gr.Slider(minimum=1, maximum=max(n, 2), value=max(n, 1), step=1, interactive=n > 1),  # max > min always
-    ]
-    if not plots:
-        return html + [gr.skip()] * 3
-    bandit = bandit_figure(latest.bandit if latest else None, latest.index if latest else None)
-    return html + [bandit, speed_figure(session.rounds), memory_figure(session.rounds)]
 
 
 def settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup) -> dict:
@@ -137,8 +114,8 @@ def checked_prompt(prompt: str | None) -> str:
     return prompt.strip()
 
 
-def build_app(engine: Engine, prompts_dir: Path = ROOT / "assets" / "prompts") -> gr.Blocks:
-    """The whole page; every handler below is a generator of UI updates over one session's `Session`."""
+def wire_live(engine: Engine, live: dict, session: gr.State, outputs: list) -> None:
+    """The Live tab's events; every handler is a generator of UI updates over one session's `Session`."""
 
     def begin(prompt, settings, session):
         """Start a fresh run in `session`; show the prompt and a loading line at once, before anything slow."""
@@ -216,107 +193,84 @@ def build_app(engine: Engine, prompts_dir: Path = ROOT / "assets" / "prompts") -
             session.stepper = None
             yield finish(session)
             return
-        views = main_views(session, live=False)
-        views[0] = conversation_html(session.prompt, session.rounds, False,
-                                     "Step mode: press “Step one round” again for the next round.")
+        views = main_views(session, live=False, status="Step mode: press “Step one round” (or the N key) again "
+                                                        "for the next round.")
         yield views + [gr.skip(), gr.DownloadButton(interactive=False), session]
-
-    def show_round(number, session):
-        record = session.round_at(int(number) - 1) if session else None
-        if record is None:
-            return gr.skip(), gr.skip(), gr.skip()
-        return (caption_html(round_caption(record)), tree_html(record, len(session.rounds)),
-                bandit_figure(record.bandit, record.index))
 
     def stop(session):
         if session:
             session.stop.set()
 
-    def describe(method):
-        return f"<span style='color:#444'>{METHODS[method][1]}</span>"
+    inputs = [live["prompt"]] + [live[name] for name in SETTINGS] + [session]
+    model_work = dict(concurrency_limit=1, concurrency_id="model", show_progress="minimal")
+    live["run"].click(run, inputs, outputs, api_name="generate", **model_work)
+    live["prompt"].submit(run, inputs, outputs, api_name=False, **model_work)
+    live["step"].click(step, inputs, outputs, api_name="step", **model_work)
+    live["compare"].click(compare, inputs, outputs, api_name="compare", **model_work)
+    live["stop"].click(stop, session, None, api_name="stop", queue=False)
 
-    prompts = load_prompts(prompts_dir)
+
+def explain(number: float, session: Session | None) -> str:
+    """The explainer for the round on screen (the slider's), with the run's numbers."""
+    record = session.round_at(int(number) - 1) if session else None
+    return explainer_html(record, session.rounds if session else [], session.summary if session else None)
+
+
+INTRO = (
+    "# Speculative decoding with a Mamba drafter\n"
+    "A small, fast **drafter** guesses a *tree* of possible next tokens; the large **target** model checks the whole "
+    "tree in one pass, keeps the longest branch it agrees with and adds one token of its own. The text is exactly "
+    "what the target alone would write (with temperature 0), only produced in fewer target passes. A bandit learns "
+    "which tree shape pays off best. **Try it:** pick an example or type a prompt, then press **Generate**, **Step "
+    "one round** or **Compare**; or open **Replay** to play a recorded run without any model; **How it works** "
+    "explains the round on screen."
+)
+
+
+def build_app(engine: Engine | None, prompts_dir: Path = ROOT / "assets" / "prompts", runs_dir: Path = RUNS,
+              replay_only: str = "") -> gr.Blocks:
+    """The whole page. `engine=None` (with `replay_only` saying why) serves the Replay tab alone, no model."""
+    runs = recorded_runs(runs_dir)
     with gr.Blocks(title="Mamba drafters: speculative decoding", delete_cache=(1800, 3600)) as app:
-        session = gr.State(None)  # this tab's `Session`, created by its first run
-        gr.Markdown(
-            "# Speculative decoding with a Mamba drafter\n"
-            "A small, fast **drafter** guesses a *tree* of possible next tokens; the large **target** model checks the "
-            "whole tree in one pass, keeps the longest branch it agrees with and adds one token of its own. "
-            "The text is exactly what the target alone would write (with temperature 0), only produced in fewer "
-            "target passes. A bandit learns which tree shape pays off best.\n\n"
-            "**Try it:** pick an example or type a prompt, then press **Generate** (the whole answer), "
-            "**Step one round** (one round per click, explained) or **Compare** (the target alone, then the chosen "
-            "method)."
-        )
-        with gr.Row(equal_height=False):
-            with gr.Column(scale=2, min_width=360):
-                prompt = gr.Textbox(label="Prompt", lines=3, max_lines=12, elem_id="prompt",
-                                    placeholder="Ask something, e.g. “Explain why the sky is blue.”")
+        session = gr.State(None)  # this tab's `Session`, created by its first run or replay
+        gr.HTML(presenter.STYLE, padding=False)
+        gr.Markdown(INTRO, elem_classes="sd-intro")
+        with gr.Tabs(elem_id="page-tabs"):
+            with gr.Tab("Demo", id="demo"):
+                with gr.Row(equal_height=False, elem_id="main-row"):
+                    with gr.Column(scale=2, min_width=340, elem_id="controls"):
+                        toggles = presenter.view_toggles()
+                        with gr.Tabs(selected="replay" if engine is None else "live", elem_id="mode-tabs"):
+                            with gr.Tab("Live", id="live", visible=engine is not None, elem_id="live-tab"):
+                                live = live_panel(load_prompts(prompts_dir))
+                            with gr.Tab("Replay", id="replay", elem_id="replay-tab"):
+                                replay = replay_panel(runs, replay_only)
+                    with gr.Column(scale=5, min_width=600, elem_id="stage"):
+                        with gr.Row(equal_height=False):
+                            with gr.Column(scale=2, min_width=300):
+                                conversation = gr.HTML(conversation_html("", []), elem_id="conversation")
+                                caption = gr.HTML("", elem_id="caption")
+                                comparison = gr.HTML("", visible=False, elem_id="comparison")
+                            with gr.Column(scale=3, min_width=360):
+                                round_slider = gr.Slider(1, 2, value=1, step=1, label="Round (drag to go back)",
+                                                         interactive=False, elem_id="round-slider")
+                                tree_view = gr.HTML(tree_html(None), elem_id="tree")
+                        bandit_plot = gr.Plot(bandit_figure(None), label="Bandit arms", elem_id="bandit-plot")
+                gr.Markdown("## Live graphs")
                 with gr.Row():
-                    run_btn = gr.Button("▶ Generate", variant="primary", elem_id="generate-btn")
-                    step_btn = gr.Button("Step one round", elem_id="step-btn")
-                    compare_btn = gr.Button("⚖ Compare", elem_id="compare-btn")
-                with gr.Row():
-                    stop_btn = gr.Button("■ Stop", variant="stop", elem_id="stop-btn")
-                    export_btn = gr.DownloadButton("⬇ Export JSON", interactive=False, elem_id="export-btn")
-                method = gr.Radio([(v[0], k) for k, v in METHODS.items()], value="mamba-ucb", label="Method")
-                method_info = gr.HTML(describe("mamba-ucb"))
-                temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature",
-                                        info="0 = greedy: always the most likely token")
-                max_new_tokens = gr.Slider(8, 512, value=96, step=8, label="Max new tokens",
-                                           elem_id="max-new-tokens")
-                seed = gr.Number(value=0, precision=0, label="Seed", info="Same seed, same sampled text")
-                lookup = gr.Checkbox(value=LOOKUP_DEFAULT, label="Also copy from the text (prompt lookup)",
-                                     info=f"Mamba and Transformer methods: when the last words already occurred, "
-                                          f"the {LOOKUP_BRANCH} tokens that followed them join the tree as one more "
-                                          "branch (tagged “copy”). Helps most on summaries and edits.",
-                                     elem_id="lookup-branch")
-                with gr.Accordion("Advanced", open=False):
-                    tree = gr.Textbox(label="Tree shape", placeholder="e.g. 3,2,1 (or 4 for a chain)",
-                                      info="Children per node at each depth, for the fixed-tree and chain methods.")
-                    arms = gr.Textbox(label="Bandit arms", placeholder="e.g. 4; 2,2,1; 3,1,1",
-                                      info="Tree shapes the bandit chooses from, separated by ';'.")
-                    lambda_ucb = gr.Slider(0.0, 1.0, value=0.1, step=0.05, label="λ_UCB",
-                                           info="Weight of exploration in the bandit's UCB score")
-                    reward = gr.Radio([("paper: fewer target passes per token", "paper"),
-                                       ("throughput: measured tokens/s", "throughput")], value="paper",
-                                      label="Bandit reward")
-                gr.Markdown("**Examples** (click one to use it)")
-                with gr.Tabs():
-                    for kind, items in prompts.items():
-                        with gr.Tab(kind.capitalize()):
-                            gr.Examples([[p["prompt"]] for p in items], inputs=[prompt], examples_per_page=4,
-                                        label=None)
-            with gr.Column(scale=3, min_width=420):
-                conversation = gr.HTML(conversation_html("", []), elem_id="conversation")
-                caption = gr.HTML("", elem_id="caption")
-                comparison = gr.HTML("", visible=False, elem_id="comparison")
-        gr.Markdown("## The draft tree of one round\nHover a node for its drafter probability *q* and target "
-                    "probability *p*. Drag the slider to go back to any earlier round.")
-        with gr.Row(equal_height=False):
-            with gr.Column(scale=3):
-                round_slider = gr.Slider(1, 2, value=1, step=1, label="Round", interactive=False,
-                                         elem_id="round-slider")
-                tree_view = gr.HTML(tree_html(None), elem_id="tree")
-            with gr.Column(scale=2):
-                bandit_plot = gr.Plot(bandit_figure(None), label="Bandit arms", elem_id="bandit-plot")
-        gr.Markdown("## Live graphs")
-        with gr.Row():
-            speed_plot = gr.Plot(speed_figure([]), label="Speed", elem_id="speed-plot")
-            memory_plot = gr.Plot(memory_figure([]), label="Memory", elem_id="memory-plot")
+                    speed_plot = gr.Plot(speed_figure([]), label="Speed", elem_id="speed-plot")
+                    memory_plot = gr.Plot(memory_figure([]), label="Memory", elem_id="memory-plot")
+            with gr.Tab("How it works", id="explainer") as explainer_tab:
+                explainer = gr.HTML(explainer_html(None, []), elem_id="explainer")
 
         main = [conversation, caption, tree_view, round_slider, bandit_plot, speed_plot, memory_plot]
-        inputs = [prompt, method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup, session]
-        model_work = dict(concurrency_limit=1, concurrency_id="model", show_progress="minimal")
-        outputs = main + [comparison, export_btn, session]
-        run_btn.click(run, inputs, outputs, api_name="generate", **model_work)
-        prompt.submit(run, inputs, outputs, api_name=False, **model_work)
-        step_btn.click(step, inputs, outputs, api_name="step", **model_work)
-        compare_btn.click(compare, inputs, outputs, api_name="compare", **model_work)
-        stop_btn.click(stop, session, None, api_name="stop", queue=False)
-        round_slider.input(show_round, [round_slider, session], [caption, tree_view, bandit_plot], api_name=False,
+        if engine is not None:
+            wire_live(engine, live, session, main + [comparison, live["export"], session])
+        wire_replay(replay, runs, session, main)
+        presenter.wire_view(app, *toggles, live["collapsible"], session, tree_view, round_slider)
+        round_slider.input(round_views, [round_slider, session], [caption, tree_view, bandit_plot], api_name=False,
                            concurrency_limit=None, show_progress="hidden", trigger_mode="always_last")
-        method.change(describe, method, method_info, api_name=False, queue=False)
+        explainer_tab.select(explain, [round_slider, session], explainer, api_name=False, queue=False)
     app.queue(default_concurrency_limit=1, max_size=32)
     return app
 
@@ -338,16 +292,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--drafter-dtype", default=env("SPECDEC_DRAFTER_DTYPE", "auto"),
                    help="drafter dtype: auto (bfloat16 on a CPU with native bf16, else the target's), float32, "
                         "bfloat16 or float16 [SPECDEC_DRAFTER_DTYPE]")
-    return p.parse_args(argv)
+    p.add_argument("--replay-only", action="store_true",
+                   help="serve only the Replay tab (recorded runs, no model is loaded) [SPECDEC_REPLAY_ONLY=1]")
+    args = p.parse_args(argv)
+    args.replay_only = args.replay_only or env("SPECDEC_REPLAY_ONLY", "") == "1"
+    return args
+
+
+def missing_runtime() -> str:
+    """Why no model can run here ('' when torch and transformers are installed); checked without importing them."""
+    absent = [name for name in ("torch", "transformers") if importlib.util.find_spec(name) is None]
+    return f"{' and '.join(absent)} {'is' if len(absent) == 1 else 'are'} not installed" if absent else ""
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    engine = real_engine(args.target, args.drafter, args.tf_drafter, args.device, args.dtype, args.drafter_dtype)
-    print(f"Serving on http://{args.host}:{args.port} (models load on the first request)", flush=True)
-    build_app(engine).launch(server_name=args.host, server_port=args.port, show_error=True,
-                             footer_links=["api", "gradio"],
-                             theme=gr.themes.Default(primary_hue="blue"))
+    why = "started with --replay-only" if args.replay_only else missing_runtime()
+    engine = None if why else real_engine(args.target, args.drafter, args.tf_drafter, args.device, args.dtype,
+                                          args.drafter_dtype)
+    notice = f"Replay-only mode ({why}): no model is loaded here; pick a recorded run or load an exported one." \
+        if why else ""
+    print(f"Serving on http://{args.host}:{args.port} " + (f"in replay-only mode ({why})" if why else
+                                                          "(models load on the first request)"), flush=True)
+    build_app(engine, replay_only=notice).launch(server_name=args.host, server_port=args.port, show_error=True,
+                                                 footer_links=["api", "gradio"],
+                                                 theme=gr.themes.Default(primary_hue="blue"))
 
 
 if __name__ == "__main__":

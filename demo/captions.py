@@ -51,8 +51,25 @@ def summary_caption(summary: Summary) -> str:
             f"({summary.mean_accepted_len:.1f} per round) at {summary.tokens_per_s:.1f} tokens/s{rate}; stopped because {why}.")
 
 
+def replay_status(session: Session, live: bool) -> str:
+    """The line under a replayed answer: what to press, how far it has played, or the recorded summary."""
+    replay = session.replay
+    n, total = len(session.rounds), len(replay.rounds)
+    if session.summary and not live:
+        where = replay.recorded.get("device")
+        return summary_caption(session.summary) + f" (Replayed{f'; recorded on {where}' if where else ''}.)"
+    if not n:
+        return (f"Replay loaded: {_count(total, 'round')}, no model needed. Press ▶ Play, or “Next round” "
+                "(or the N key) to go one round at a time.")
+    rate = running_rate(session.rounds)[-1]
+    return (f"Replay · round {n} of {total} · {session.rounds[-1].new_tokens_total} tokens · "
+            f"{rate:.1f} tokens/s as recorded")
+
+
 def status_text(session: Session, live: bool) -> str:
     """The line under the answer: loading, progress while generating, or the summary when done."""
+    if session.replay is not None:
+        return replay_status(session, live)
     if session.summary and not live:
         drafter = str(session.summary.extra.get("drafter", ""))
         note = (" Note: the trained drafter is not installed, so an untrained one stands in and few drafts are "

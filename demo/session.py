@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from demo.replay import Replay
 from specdec.records import RoundRecord, Summary
 
 
@@ -25,12 +26,14 @@ class Session:
     stop: threading.Event = field(default_factory=threading.Event)
     stepper: Iterator | None = None  # step mode: the paused engine run, advanced one round per click
     memory: dict = field(default_factory=dict)  # engine state kept across runs (the bandit), never shared
+    replay: Replay | None = None  # replay mode: the loaded run, whose rounds are added to `rounds` one by one
+    large: bool = False  # the presenter's large type (the tree is drawn with a bigger font)
 
     def start(self, prompt: str, settings: dict) -> None:
         """Forget the previous run (closing a paused step run) and arm a fresh Stop event."""
         self.close_stepper()
         self.prompt, self.settings = prompt, dict(settings)
-        self.rounds, self.summary, self.baseline = [], None, None
+        self.rounds, self.summary, self.baseline, self.replay = [], None, None, None
         self.stop = threading.Event()
 
     def add(self, event: RoundRecord | Summary) -> None:

@@ -1,0 +1,72 @@
+"""The Live tab's controls: prompt, buttons, settings (collapsible) and example prompts."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+LOOKUP_BRANCH = 6  # tokens of the prompt-lookup branch when it is switched on (specdec.config.LOOKUP_BRANCH)
+LOOKUP_DEFAULT = True
+
+METHODS = {  # value -> (label in the UI, one-line explanation)
+    "mamba-ucb": ("Mamba tree + bandit", "A Mamba drafter drafts a tree; a UCB bandit picks its shape each round."),
+    "mamba-tree": ("Mamba, fixed tree", "A Mamba drafter drafts a tree of the shape set under Advanced."),
+    "mamba-chain": ("Mamba chain", "A Mamba drafter drafts a single chain of tokens (no branching)."),
+    "tf-tree": ("Transformer drafter, tree", "A small Transformer drafter (with a KV cache) drafts a fixed tree."),
+    "tf-chain": ("Transformer drafter, chain", "A small Transformer drafter drafts a single chain."),
+    "lookup-chain": ("Prompt lookup", "No drafter model: copy what followed the last matching words of the text."),
+    "ar": ("Target only", "No drafting: the target writes one token per step (the baseline)."),
+}
+SETTINGS = ("method", "temperature", "max_new_tokens", "seed", "tree", "arms", "lambda_ucb", "reward", "lookup")
+
+
+def describe(method: str) -> str:
+    return f"<span style='color:#444'>{METHODS[method][1]}</span>"
+
+
+def settings_panel() -> dict:
+    """Method and decoding settings, by the names of `SETTINGS`."""
+    c = {"method": gr.Radio([(v[0], k) for k, v in METHODS.items()], value="mamba-ucb", label="Method")}
+    info = gr.HTML(describe("mamba-ucb"), elem_id="method-info")
+    c["method"].change(describe, c["method"], info, api_name=False, queue=False)
+    c["temperature"] = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature",
+                                 info="0 = greedy: always the most likely token")
+    c["max_new_tokens"] = gr.Slider(8, 512, value=96, step=8, label="Max new tokens", elem_id="max-new-tokens")
+    c["seed"] = gr.Number(value=0, precision=0, label="Seed", info="Same seed, same sampled text")
+    c["lookup"] = gr.Checkbox(value=LOOKUP_DEFAULT, label="Also copy from the text (prompt lookup)",
+                              info=f"Mamba and Transformer methods: when the last words already occurred, the "
+                                   f"{LOOKUP_BRANCH} tokens that followed them join the tree as one more branch "
+                                   "(tagged “copy”). Helps most on summaries and edits.", elem_id="lookup-branch")
+    with gr.Accordion("Advanced", open=False):
+        c["tree"] = gr.Textbox(label="Tree shape", placeholder="e.g. 3,2,1 (or 4 for a chain)",
+                               info="Children per node at each depth, for the fixed-tree and chain methods.")
+        c["arms"] = gr.Textbox(label="Bandit arms", placeholder="e.g. 4; 2,2,1; 3,1,1",
+                               info="Tree shapes the bandit chooses from, separated by ';'.")
+        c["lambda_ucb"] = gr.Slider(0.0, 1.0, value=0.1, step=0.05, label="λ_UCB",
+                                    info="Weight of exploration in the bandit's UCB score")
+        c["reward"] = gr.Radio([("paper: fewer target passes per token", "paper"),
+                                ("throughput: measured tokens/s", "throughput")], value="paper", label="Bandit reward")
+    return c
+
+
+def live_panel(prompts: dict[str, list[dict]]) -> dict:
+    """Prompt, buttons, settings and examples; returned by name (the settings by the names of `SETTINGS`)."""
+    c = {"prompt": gr.Textbox(label="Prompt", lines=3, max_lines=12, elem_id="prompt",
+                              placeholder="Ask something, e.g. “Explain why the sky is blue.”")}
+    with gr.Row():
+        c["run"] = gr.Button("▶ Generate", variant="primary", elem_id="generate-btn")
+        c["step"] = gr.Button("Step one round", elem_id="step-btn")
+        c["compare"] = gr.Button("⚖ Compare", elem_id="compare-btn")
+    with gr.Row():
+        c["stop"] = gr.Button("■ Stop", variant="stop", elem_id="stop-btn")
+        c["export"] = gr.DownloadButton("⬇ Export JSON", interactive=False, elem_id="export-btn")
+    with gr.Accordion("Settings", open=True, elem_id="settings") as settings:
+        c.update(settings_panel())
+    with gr.Accordion("Examples (click one to use it)", open=True, elem_id="examples",
+                      elem_classes="sd-examples") as examples:
+        with gr.Tabs():
+            for kind, items in prompts.items():
+                with gr.Tab(kind.capitalize()):
+                    gr.Examples([[p["prompt"]] for p in items], inputs=[c["prompt"]], examples_per_page=4,
+                                label=None)
+    c["collapsible"] = [settings, examples]
+    return c
