@@ -1,12 +1,15 @@
 # Two entry points: `make demo` runs the app on the embedded default models, `make test` runs every test.
 # Each creates .venv and installs what it needs when missing.
+# `make space-image` / `make space-smoke` build the Space's Docker image with podman and serve it from a chroot
+# (slow, heavy on disk; not part of `make test`); their caches live in SPACE_CACHE, outside the repo.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 7860
+SPACE_CACHE ?= /var/tmp/specdec-space
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench clean space-image space-smoke
 
 $(VENV)/.runtime: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +28,12 @@ demo: $(VENV)/.runtime
 test: $(VENV)/.test
 	sh scripts/ensure_chromium.sh  # Debian's chromium for the browser test (tests/e2e)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+
+space-image: $(VENV)/.runtime
+	SPACE_CACHE=$(SPACE_CACHE) PY=$(PY) sh scripts/space_image.sh
+
+space-smoke: space-image
+	SPACE_CACHE=$(SPACE_CACHE) HF_HUB_OFFLINE=1 $(PY) scripts/space_smoke.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache artifacts

@@ -1,8 +1,9 @@
 """Stage (e): a trained run as a Hugging Face folder (`from_pretrained`-loadable) with a model card.
 
-The folder holds `config.json` + `model.safetensors` (bfloat16, tied embedding), the target's tokenizer files
-(so the engine's vocabulary check passes) and `draft_vocab.json` = {"token_ids": V_d}: the ids the draft head
-scores; the engine sets q = 0 elsewhere, which keeps speculative sampling exact.
+The folder holds `config.json` + `model.safetensors` (bfloat16, tied embedding) and `draft_vocab.json` =
+{"token_ids": V_d}: the ids the draft head scores; the engine sets q = 0 elsewhere, which keeps speculative
+sampling exact. It holds no tokenizer: a drafter uses its target's (the engine then checks that the two score
+the same number of tokens), which keeps a 3.5 MB copy of the target's tokenizer out of every drafter folder.
 """
 
 from __future__ import annotations
@@ -171,11 +172,18 @@ python -m specdec.distill export --name {name}
 """
 
 
-def export(run: Path, folder: Path, tokenizer: PreTrainedTokenizerBase | None, teacher: Path) -> Path:
-    """Write the run's drafter and its card into `folder` (e.g. assets/drafters/<name>)."""
+def export(run: Path, folder: Path, tokenizer: PreTrainedTokenizerBase, teacher: Path) -> Path:
+    """Write the run's drafter and its card into `folder` (e.g. assets/drafters/<name>), without a tokenizer.
+
+    `tokenizer` is the target's: the drafter must score every one of its tokens.
+    """
     model, draft_ids, counters = load_run(run)
+    width = model.get_output_embeddings().weight.shape[0]
+    if width < len(tokenizer):
+        raise SystemExit(f"run {run.name!r} scores {width} tokens but the target's tokenizer has {len(tokenizer)}; "
+                         "it was not trained for this target")
     params = sum(p.numel() for p in model.parameters())
-    save_drafter(model, draft_ids, tokenizer, folder)
+    save_drafter(model, draft_ids, None, folder)
     report = json.loads((run / "eval.json").read_text())
     summary = json.loads((teacher / "teacher_summary.json").read_text())
     card = model_card(folder.name, run, report, counters, summary, folder_bytes(folder), params)
