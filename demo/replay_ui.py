@@ -37,7 +37,7 @@ def replay_panel(runs: dict[str, Path], notice: str = "") -> ReplayPanel:
     run = gr.Dropdown(list(runs), value=None, label="Recorded runs", elem_id="replay-run",
                       info="Recorded from the real models; nothing is computed while they play.")
     upload = gr.File(label="…or load an exported run (Export JSON)", file_types=[".json"], type="filepath",
-                     elem_id="replay-file", height=90)
+                     elem_id="replay-file", height=130)
     with gr.Row():
         play = gr.Button("▶ Play", variant="primary", elem_id="replay-play-btn")
         step = gr.Button("Next round", elem_id="replay-step-btn")

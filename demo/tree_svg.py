@@ -42,11 +42,15 @@ class Layout:
 
     @property
     def gap(self) -> int:  # horizontal space for the edges between two columns
-        return round(self.font * 2)
+        return round(self.font * 1.6)
 
     @property
-    def top(self) -> int:  # room for the depth labels
-        return round(self.font * 2.3)
+    def head(self) -> int:  # depth labels' font size
+        return round(self.font * 0.85)
+
+    @property
+    def top(self) -> int:  # room for the depth labels (two lines)
+        return round(self.head * 2.9)
 
     @property
     def pad(self) -> int:
@@ -157,7 +161,8 @@ def grid(nodes: list[Box], labels: list[str], lay: Layout) -> Grid:
     widths = []
     for d, head in enumerate(labels):
         longest = max((lay.text_w(b.label, lay.font) for b in nodes if b.depth == d), default=0.0)
-        widths.append(max(longest + lay.font, lay.text_w(head, lay.font * 0.85), lay.text_w("abc", lay.font) + 12))
+        head_w = max(lay.text_w(line, lay.head) for line in head_lines(head))
+        widths.append(max(longest + lay.font, head_w, lay.text_w("abc", lay.font) + 12))
     xs, x = [], float(lay.pad)
     for w in widths:
         xs.append(x)
@@ -216,13 +221,23 @@ def _node(b: Box, g: Grid, source: str | None) -> str:
     )
 
 
+def head_lines(label: str) -> list[str]:
+    """'depth 1 (×2)' on two lines: 'depth 1', '(×2)'."""
+    first, _, rest = label.partition(" (")
+    return [first, "(" + rest] if rest else [first]
+
+
 def _headers(labels: list[str], g: Grid) -> str:
-    size = round(g.lay.font * 0.85)
-    return "".join(
-        f'<text class="sd-depth" x="{g.x[d] + g.w[d] / 2:.0f}" y="{g.lay.top - size * 0.8:.0f}" text-anchor="middle" '
-        f'font-size="{size}" fill="#444">{html.escape(label)}</text>'
-        for d, label in enumerate(labels)
-    )
+    size = g.lay.head
+    out = []
+    for d, label in enumerate(labels):
+        lines = head_lines(label)
+        spans = "".join(f'<tspan x="{g.x[d] + g.w[d] / 2:.0f}" dy="{0 if i == 0 else size * 1.15:.0f}">'
+                        f"{html.escape(line)}</tspan>" for i, line in enumerate(lines))
+        y = g.lay.top - size * (0.7 + 1.15 * (len(lines) - 1))
+        out.append(f'<text class="sd-depth" x="{g.x[d] + g.w[d] / 2:.0f}" y="{y:.0f}" text-anchor="middle" '
+                   f'font-size="{size}" fill="#444" data-label="{html.escape(label)}">{spans}</text>')
+    return "".join(out)
 
 
 def tree_svg(record: RoundRecord, font: int = 15) -> str:

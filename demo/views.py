@@ -14,8 +14,10 @@ TREE_FONT = {False: 15, True: 21}  # node label size in px: normal, and the pres
 
 
 def tree_view(session: Session, index: int | None = None) -> str:
-    """The tree of round `index` (the latest when None), at the session's type size."""
-    return tree_html(session.round_at(index), len(session.rounds), TREE_FONT[session.large])
+    """The tree of round `index` (the latest when None), at the session's type size; "of N" counts a replay's
+    whole run."""
+    total = len(session.replay.rounds) if session.replay else len(session.rounds)
+    return tree_html(session.round_at(index), total, TREE_FONT[session.large])
 
 
 def main_views(session: Session, live: bool, plots: bool = True, status: str | None = None) -> list:

@@ -13,6 +13,7 @@ from demo.fake import fake_generate
 from demo.replay import compact_payload, load_replay, recorded_runs, replay_from_dict
 from demo.replay_ui import advance, finished, loaded
 from demo.session import Session, export_payload
+from demo.views import tree_view
 from specdec.records import RoundRecord, Summary
 
 RUNS = Path(__file__).resolve().parent.parent / "assets" / "runs"
@@ -94,6 +95,7 @@ def test_playback_adds_one_round_at_a_time_then_the_summary():
     advance(session)
     assert len(session.rounds) == 1 and session.summary is None
     assert f"round 1 of {len(replay.rounds)}" in status_text(session, live=True)
+    assert f"Round 1 of {len(replay.rounds)} ·" in tree_view(session)  # the tree counts the whole run
     while not finished(session):
         advance(session)
     assert session.rounds == replay.rounds and session.summary is replay.summary
