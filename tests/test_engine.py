@@ -117,8 +117,11 @@ def _chi_square(counts: dict, dist: dict, runs: int) -> float:
         else:
             rest_o += counts.get(cell, 0)
             rest_e += dist[cell] * runs
-    observed.append(rest_o)
-    expected.append(rest_e)
+    if rest_e > 0:
+        observed.append(rest_o)
+        expected.append(rest_e)
+    elif rest_o:
+        return 0.0  # a continuation the target never produces (top-p cut it) was emitted
     total = sum(expected)
     return chisquare(observed, [e * runs / total for e in expected]).pvalue
 
