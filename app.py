@@ -2,7 +2,8 @@
 
 `python app.py` (or `make demo`) serves it on http://127.0.0.1:7860. The page is built from the pure render
 functions in `demo/`; this file only lays out the Blocks, wires the events and launches. Models load on the
-first request (once per process), never at import.
+first request (once per process), never at import. `python app.py --replay-only` (or a machine without torch)
+serves the Replay tab alone: recorded runs played back without any model.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ ROOT = Path(__file__).resolve().parent
 EXPORTS = Path(tempfile.gettempdir()) / "specdec-exports"
 RUNS = ROOT / "assets" / "runs"  # recorded runs offered in the Replay tab (scripts/record_runs.py)
 PLOT_EVERY_S = 1.0  # plots are re-drawn at most this often while streaming; text and tree every round batch
-__all__ = ["LOOKUP_BRANCH", "METHODS"]  # the app's labels, kept beside the page in demo/live.py
 
 
 @dataclass(frozen=True)

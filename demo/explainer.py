@@ -81,7 +81,8 @@ def run_line(rounds: list[RoundRecord], summary: Summary | None) -> str:
     per_pass = tokens / len(rounds)
     return (f'<p class="sd-run-line" style="margin-top:18px;padding:8px 12px;background:#f4f8fb;'
             f'border-left:4px solid #0072b2">Over the run so far: {_n(tokens)} tokens in {_n(len(rounds))} target '
-            f"pass{'' if len(rounds) == 1 else 'es'}, {_n(per_pass, 2)} tokens per pass (the target alone writes 1 per pass).</p>")
+            f"pass{'' if len(rounds) == 1 else 'es'}, {_n(per_pass, 2)} tokens per pass (the target alone writes 1 "
+            "per pass).</p>")
 
 
 def explainer_html(record: RoundRecord | None, rounds: list[RoundRecord], summary: Summary | None = None) -> str:

@@ -61,8 +61,7 @@ def live_panel(prompts: dict[str, list[dict]]) -> dict:
         c["export"] = gr.DownloadButton("⬇ Export JSON", interactive=False, elem_id="export-btn")
     with gr.Accordion("Settings", open=True, elem_id="settings") as settings:
         c.update(settings_panel())
-    with gr.Accordion("Examples (click one to use it)", open=True, elem_id="examples",
-                      elem_classes="sd-examples") as examples:
+    with gr.Accordion("Examples (click one to use it)", open=True, elem_id="examples") as examples:
         with gr.Tabs():
             for kind, items in prompts.items():
                 with gr.Tab(kind.capitalize()):

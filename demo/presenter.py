@@ -34,7 +34,10 @@ body.sd-presenter svg.sd-tree { width: min(100%, calc(var(--sd-w) * 1.6)); max-h
 # whichever step button is on screen (the replay's when the Replay tab is open, else the live one).
 ON_LOAD = """() => {
   const query = new URLSearchParams(window.location.search);
-  const tick = (id) => { const box = document.querySelector('#' + id + ' input'); if (box && !box.checked) box.click(); };
+  const tick = (id) => {
+    const box = document.querySelector('#' + id + ' input');
+    if (box && !box.checked) box.click();
+  };
   if (query.has('presenter')) tick('presenter-toggle');
   if (query.has('large')) tick('large-type');
   const keys = KEYS;

@@ -63,7 +63,9 @@ def round_from_dict(data: dict) -> RoundRecord:
     """A RoundRecord from its exported dict; memory and timing fields default to 0 when missing."""
     defaults = dict(draft_ms=0.0, verify_ms=0.0, round_ms=0.0, elapsed_s=0.0, rss_bytes=0, cuda_allocated_bytes=None,
                     cuda_peak_bytes=None, drafter_state_bytes=0, target_kv_bytes=0, shape=[], shape_name="")
-    record = _known(RoundRecord, {**defaults, **data}, f"round {data.get('index', '?') if isinstance(data, dict) else '?'}")
+    if not isinstance(data, dict):
+        raise ValueError("a round is not a JSON object")
+    record = _known(RoundRecord, {**defaults, **data}, f"round {data.get('index', '?')}")
     record.nodes = [_node(n) for n in record.nodes]
     record.emitted = [_token(t) for t in record.emitted]
     record.bandit = _bandit(data.get("bandit"))

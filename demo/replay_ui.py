@@ -11,7 +11,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from demo.replay import Replay, load_replay, recorded_runs
+from demo.replay import Replay, load_replay
 from demo.session import Session
 from demo.views import main_views
 

@@ -61,6 +61,7 @@ def test_unknown_keys_are_ignored_and_optional_ones_may_be_missing():
     ([1, 2], "not an exported run"),
     ({"rounds": []}, "has no rounds"),
     ({"rounds": [{"index": 0}]}, "round 0 lacks"),
+    ({"rounds": ["x"]}, "a round is not a JSON object"),
 ])
 def test_what_is_not_a_run_is_refused_in_one_sentence(data, message):
     with pytest.raises(ValueError, match=message):
