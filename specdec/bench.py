@@ -125,6 +125,8 @@ class Run:
     draft_ms: list[float] = field(default_factory=list)
     verify_ms: list[float] = field(default_factory=list)
     arms: list[str] = field(default_factory=list)  # a bandit method's chosen arm, round by round
+    drafter_bytes: int = 0  # the drafter's largest state (Mamba) or KV cache (Transformer) during the run
+    target_kv_bytes: int = 0  # the target's largest KV cache during the run
 
 
 def run_engine(models: Models, prompt: str, config: GenerationConfig, bandit=None) -> Run:
@@ -137,7 +139,9 @@ def run_engine(models: Models, prompt: str, config: GenerationConfig, bandit=Non
     return Run("", "", summary.token_ids, seconds, rss.peak, summary.rounds, summary.accepted_tokens,
                summary.tested_positions,
                [r.draft_ms for r in rounds], [r.verify_ms for r in rounds],
-               [r.bandit.arms[r.bandit.chosen].name for r in rounds if r.bandit is not None])
+               [r.bandit.arms[r.bandit.chosen].name for r in rounds if r.bandit is not None],
+               max((r.drafter_state_bytes for r in rounds), default=0),
+               max((r.target_kv_bytes for r in rounds), default=0))
 
 
 @torch.inference_mode()
@@ -158,6 +162,21 @@ def run_hf(models: Models, prompt: str, method: str, config: GenerationConfig, l
         out = target.model.generate(ids, **kwargs)
         seconds = time.perf_counter() - t0
     return Run("", "", out[0, ids.shape[1]:].tolist(), seconds, rss.peak)
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first position where two token lists differ (a length counts when one is a prefix); None if equal."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def agreement(runs: list[Run], reference: list[Run]) -> dict:
+    """Prompts whose tokens equal the reference run's, and the first differing position of the others."""
+    tokens = {r.prompt_id: r.tokens for r in reference}
+    diffs = {r.prompt_id: first_difference(r.tokens, tokens[r.prompt_id]) for r in runs}
+    return {"identical": sum(d is None for d in diffs.values()), "prompts": len(diffs),
+            "first_difference": {k: d for k, d in diffs.items() if d is not None}}
 
 
 def _aggregate(runs: list[Run], ar_runs: list[Run] | None, greedy: bool, engine: bool) -> dict:
@@ -184,6 +203,8 @@ def _aggregate(runs: list[Run], ar_runs: list[Run] | None, greedy: bool, engine:
         "new_tokens": sum(len(r.tokens) for r in runs),
         "per_prompt_tokens_per_s": {k: statistics.mean(v) for k, v in per_prompt.items()},
         "bandit_rounds": dict(Counter(arm for r in runs for arm in r.arms)) or None,
+        "drafter_mb": max(r.drafter_bytes for r in runs) / 2**20 if engine else None,
+        "target_kv_mb": max(r.target_kv_bytes for r in runs) / 2**20 if engine else None,
     }
 
 
@@ -238,19 +259,29 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
                       "reward": (spec.reward or reward) if spec.base.endswith("-ucb") else None,
                       "lookup_branch": spec.lookup_branch}
                for name, spec in zip(methods, parsed)}
-    ar_tps = results["ar"]["tokens_per_s"]
-    for res in results.values():
-        res["speedup_vs_ar"] = res["tokens_per_s"] / ar_tps
+    ar = results["ar"]
+    for name, res in results.items():
+        res["speedup_vs_ar"] = res["tokens_per_s"] / ar["tokens_per_s"]
+        verify, step = res["verify_ms_per_round"], ar["verify_ms_per_round"]
+        res["verify_over_ar_step"] = verify / step if verify is not None and step else None
+        if greedy and "hf-ar" in runs:
+            res["vs_hf_ar"] = agreement(runs[name], runs["hf-ar"])
     return {"config": {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine_description(),
         "target": models.specs["target"], "mamba_drafter": models.specs["mamba"],
         "tf_drafter": models.specs["transformer"], "device": str(models.device),
-        "dtype": str(models.dtype).removeprefix("torch."),
+        "dtype": str(models.dtype).removeprefix("torch."), "verifier": verifier_layout(models),
         "drafter_dtype": str(models.drafter_dtype).removeprefix("torch."), "max_new_tokens": max_new_tokens,
         "temperature": temperature, "repeats": repeats, "prompts": len(prompts), "lookup_tokens": lookup_tokens,
         "bandit_scope": bandit_scope, "arms": arms or DEFAULT_ARMS, "reward": reward,
         "lambda_ucb": lambda_ucb if lambda_ucb is not None else GenerationConfig.lambda_ucb,
         "torch_threads": torch.get_num_threads()}, "methods": results}
+
+
+def verifier_layout(models: Models) -> str:
+    from specdec.engine import make_verifier
+
+    return "row-invariant" if make_verifier(models.target.model).row_invariant else "block"
 
 
 def machine_description() -> str:
@@ -275,16 +306,22 @@ def _fmt(value, spec: str) -> str:
 
 
 def markdown_table(result: dict) -> str:
+    hf = any("vs_hf_ar" in r for r in result["methods"].values())
     rows = ["| method | tok/s | speed-up vs ar | mean accepted len | acceptance | draft ms/round | "
-            "verify ms/round | peak RSS MB | identical to ar |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            "verify ms/round | verify / ar step | peak RSS MB | drafter MiB | identical to ar |"
+            + (" same as hf-ar |" if hf else ""),
+            "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if hf else "")]
     for name, r in result["methods"].items():
+        same = r.get("vs_hf_ar")
         rows.append(f"| {name} | {_fmt(r['tokens_per_s'], '.1f')} | {_fmt(r['speedup_vs_ar'], '.2f')}x | "
                     f"{_fmt(r['mean_accepted_len'], '.2f')} | {_fmt(r['acceptance_rate'], '.2f')} | "
                     f"{_fmt(r['draft_ms_per_round'], '.1f')} | {_fmt(r['verify_ms_per_round'], '.1f')} | "
-                    f"{_fmt(r['peak_rss_mb'], '.0f')} | {_fmt(r['identical_to_ar'], '')} |")
+                    f"{_fmt(r.get('verify_over_ar_step'), '.2f')} | {_fmt(r['peak_rss_mb'], '.0f')} | "
+                    f"{_fmt(r.get('drafter_mb'), '.2f')} | {_fmt(r['identical_to_ar'], '')} |"
+                    + (f" {same['identical']}/{same['prompts']} |" if same else " - |" if hf else ""))
     c = result["config"]
-    rows.append(f"\n{c['date']}, {c['machine']}; target {c['target']} ({c['dtype']}, {c['device']}), "
+    rows.append(f"\n{c['date']}, {c['machine']}; target {c['target']} ({c['dtype']}, {c['device']}, "
+                f"{c.get('verifier', 'block')} verifier), "
                 f"drafters {c['mamba_drafter']} / {c['tf_drafter']} ({c.get('drafter_dtype', c['dtype'])}); "
                 f"{c['prompts']} prompts x {c['repeats']}, "
                 f"{c['max_new_tokens']} new tokens, temperature {c['temperature']}.")
@@ -293,6 +330,9 @@ def markdown_table(result: dict) -> str:
         if r.get("bandit_rounds"):
             counts = ", ".join(f"{arm} {n}" for arm, n in sorted(r["bandit_rounds"].items(), key=lambda kv: -kv[1]))
             rows.append(f"\n{name} ({scope}), rounds per arm: {counts}.")
+        if r.get("vs_hf_ar", {}).get("first_difference"):
+            diffs = ", ".join(f"{k} at {d}" for k, d in r["vs_hf_ar"]["first_difference"].items())
+            rows.append(f"\n{name} differs from hf-ar on: {diffs}.")
     return "\n".join(rows)
 
 
@@ -304,6 +344,82 @@ def write_csv(result: dict, path: str) -> None:
         writer.writerow(["method", *keys])
         for name, r in result["methods"].items():
             writer.writerow([name, *[r[k] for k in keys]])
+
+
+# --- long contexts --------------------------------------------------------------------------------------------
+LONG_TOPICS = ("compound", "types", "formatstrings")  # long sections of the Python docs (`pydoc_data.topics`)
+
+
+def long_prompts(tokenizer, min_tokens: int = 3000) -> list[dict]:
+    """Summaries of three long passages of the Python documentation, each at least `min_tokens` tokens long.
+
+    The passages come from the same place as the distillation corpus's prose (`pydoc_data.topics`), cut at the
+    first paragraph end past `min_tokens`.
+    """
+    import pydoc_data.topics
+
+    prompts = []
+    for topic in LONG_TOPICS:
+        paragraphs, text = pydoc_data.topics.topics[topic].split("\n\n"), ""
+        for paragraph in paragraphs:
+            text += paragraph.strip() + "\n\n"
+            if len(text) > 3 * min_tokens and len(tokenizer(text)["input_ids"]) >= min_tokens:
+                break
+        else:
+            raise ValueError(f"the Python docs' topic {topic!r} is shorter than {min_tokens} tokens here")
+        prompts.append({"id": f"long-{topic}", "kind": "long",
+                        "prompt": f"Summarise this part of the Python documentation in a few sentences:\n\n{text}"})
+    return prompts
+
+
+# --- verification cost -----------------------------------------------------------------------------------------
+@torch.inference_mode()
+def verification_cost(models: Models, contexts: list[int], sizes: list[int], repeats: int = 7, log=print) -> dict:
+    """What one target pass over n new tokens costs, in target decode steps (n = 1), after `contexts` tokens.
+
+    The engine's own verifier (`make_verifier`, so float32 on a CPU pads blocks as the engine does); every size
+    is timed round-robin, `repeats` times after a warm-up, and the median is kept.
+    """
+    from specdec.engine import make_verifier
+
+    target = models.target
+    text_ids = [t for item in load_prompts(None) for t in encode_prompt(target.tokenizer, item["prompt"], chat=False)]
+    rows = []
+    for length in contexts:
+        context = (text_ids * (length // len(text_ids) + 2))[: length + max(sizes)]
+        lm = make_verifier(target.model)
+        lm.prefill(context[: length - 1])
+        times: dict[int, list[float]] = {n: [] for n in sizes}
+        for round_ in range(repeats + 1):  # round 0 warms up
+            for n in sizes:
+                block = context[length - 1: length - 1 + n]
+                ms = _timed_ms(partial(_verify_block, lm, block), models.device)
+                if round_:
+                    times[n].append(ms)
+        step = statistics.median(times[1]) if 1 in times else None
+        row = {"context": length, "ms": {n: statistics.median(t) for n, t in times.items()}}
+        row["steps"] = {n: ms / step for n, ms in row["ms"].items()} if step else None
+        log(f"context {length}: " + ", ".join(f"{n}: {ms:.1f} ms" for n, ms in row["ms"].items()))
+        rows.append(row)
+    return {"dtype": str(models.dtype).removeprefix("torch."), "verifier": verifier_layout(models), "rows": rows,
+            "repeats": repeats}
+
+
+def _verify_block(lm, tokens: list[int]) -> None:
+    lm.extend(tokens, list(range(-1, len(tokens) - 1)))  # a chain after the cached context, then drop it again
+    lm.commit([])
+
+
+def cost_table(cost: dict) -> str:
+    sizes = list(cost["rows"][0]["ms"])
+    rows = ["| context tokens | step ms | " + " | ".join(f"{n} tokens" for n in sizes) + " |",
+            "|---|---|" + "---|" * len(sizes)]
+    for r in cost["rows"]:
+        steps = r["steps"] or {}
+        rows.append(f"| {r['context']} | {r['ms'].get(1, float('nan')):.1f} | "
+                    + " | ".join(f"{steps.get(n, float('nan')):.2f}" for n in sizes) + " |")
+    rows.append(f"\nA pass over n tokens, in target steps; {cost['dtype']} target, {cost['verifier']} verifier.")
+    return "\n".join(rows)
 
 
 # --- context-length study ----------------------------------------------------------------------------------

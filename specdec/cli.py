@@ -95,6 +95,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--reward", default="paper", choices=REWARDS, help="bandit reward for *-ucb")
     b.add_argument("--lambda-ucb", type=float, default=None, help="bandit exploration weight for *-ucb")
     b.add_argument("--context-lengths", default=None, help="e.g. 256,1024,4096: drafter latency/memory study")
+    b.add_argument("--cost-curve", default=None,
+                   help="e.g. 400,2000: what verifying 1-16 tokens costs, in target steps, after that many tokens")
+    b.add_argument("--long", action="store_true",
+                   help="the long-context comparison: three summaries of passages of 3,000+ tokens instead of the "
+                        "prompt files (e.g. --methods ar,mamba-ucb,tf-tree)")
     b.add_argument("--out", default="results.json")
     b.add_argument("--csv", default=None)
     b.add_argument("--plot", default="context.html", help="where the context-length plot is written")
@@ -120,11 +125,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
         bench.save_context_plot(study, args.plot)
         result["context_study"] = study
         print(bench.context_table(study) + "\n")
+    if args.cost_curve:
+        cost = bench.verification_cost(models, [int(x) for x in args.cost_curve.split(",")], list(range(1, 17)),
+                                       log=log)
+        result["verification_cost"] = cost
+        print(bench.cost_table(cost) + "\n")
     if args.methods:
         methods = _split_methods(args.methods)
         if args.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
-        prompts = bench.load_prompts(args.prompts, args.limit)
+        prompts = bench.long_prompts(models.target.tokenizer) if args.long else \
+            bench.load_prompts(args.prompts, args.limit)
         result.update(bench.benchmark(models, prompts, methods, args.max_new_tokens, args.temperature, args.repeats,
                                       args.seed, args.lookup_tokens, args.bandit_scope, args.arms, args.reward,
                                       args.lambda_ucb, log=log))

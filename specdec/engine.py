@@ -48,6 +48,12 @@ def make_drafter(models: Models, kind: str) -> Drafter:
     return TransformerDrafter.from_folder(loaded.model, vocab_size, loaded.source)
 
 
+def make_verifier(model) -> TreeLM:
+    """The target's tree verifier; a float32 one on a CPU pads blocks to the row counts its matmuls run fastest."""
+    pads = model.device.type == "cpu" and model.dtype == torch.float32
+    return TreeLM(model, pad_blocks=CPU_BLOCK_PADDING if pads else None)
+
+
 class Detokenizer:
     """Incremental detokenisation: the text each new token adds (byte-level BPE pieces join correctly)."""
 
@@ -140,12 +146,12 @@ def generate(models: Models, prompt: str, config: GenerationConfig, stop: thread
         raise ValueError("the bandit passed in was made for other arms or reward settings")
     generator = torch.Generator(device=device).manual_seed(config.seed)
     sampler = Sampler(config.temperature, config.top_p, generator)
-    verifier = TreeLM(target.model, pad_blocks=CPU_BLOCK_PADDING if device.type == "cpu" else None)
+    verifier = make_verifier(target.model)
     detok = Detokenizer(tokenizer)
 
     t0 = time.perf_counter()
     if len(prompt_ids) > 1:
-        verifier.feed(prompt_ids[:-1])  # the last prompt token is the first round's root
+        verifier.prefill(prompt_ids[:-1])  # the last prompt token is the first round's root
     drafter.start(prompt_ids, max(s.num_drafted for s in shapes))
     _sync(device)
     prefill_ms = (time.perf_counter() - t0) * 1e3

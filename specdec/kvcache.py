@@ -2,18 +2,50 @@
 
 The cache is a committed prefix of `length` tokens followed by a *speculative region*: tokens fed since the
 last `commit`, each attached to a parent inside the region (or to the prefix, parent -1). A forward over new
-tokens uses a tree attention mask (each token sees the prefix, its ancestors and itself) and per-token
-position ids `length + depth`. `commit(keep)` keeps the listed region entries, which must form a chain
-from the prefix, and drops the rest.
+tokens gives each token the attention of the prefix, its ancestors and itself, at position `length + depth`.
+`commit(keep)` keeps the listed region entries, which must form a chain from the prefix, and drops the rest.
+
+Attention is the project's own function (`tree_attention`, registered with transformers' `AttentionInterface`),
+in one of two layouts:
+
+- **row-invariant** (the default on CPU): every query row is one call of `scaled_dot_product_attention` over
+  exactly the keys of its own branch (prefix, ancestors, itself), laid out as a single decode step of `ar` lays
+  them out. A tree row and the decode step that reaches the same position then run the very same kernel call on
+  the very same numbers, so their outputs are bitwise equal. With the projections and the output layer
+  row-invariant too (bfloat16 `F.linear` on a CPU with native bf16, up to `MAX_INVARIANT_ROWS` rows, see
+  `bf16_is_row_invariant`), a tree's logits equal those of decoding each branch alone, bit for bit.
+- **block**: the whole region at once, one kernel call with a tree attention mask (CUDA, where cuBLAS is not
+  row-invariant anyway, and the prompt's prefill, which every method runs the same way).
+
+Per layer the keys and values live in one buffer `[1, H_kv, capacity, d]`: the committed prefix at
+`[0, length)`, then scratch. The region's own keys and values are kept beside it, so a commit copies only the
+accepted entries into place: its cost grows with the accepted tokens, not with the context.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from functools import cache
+
 import torch
-from transformers import DynamicCache, PreTrainedModel
+import torch.nn.functional as F
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from specdec.tree import ancestor_matrix
 from specdec.vocab import scatter_head
+
+ATTENTION = "specdec_tree"  # the attention implementation name the wrapped models are switched to
+MAX_INVARIANT_ROWS = 32  # bf16 F.linear is row-invariant up to this many rows on this project's CPU (measured)
+_GROWTH = 256  # buffer capacity grows in multiples of this many positions
+
+# Measured on this project's 2-core CPU (fp32, MKL, AVX-512): one SmolLM2-135M pass over n new tokens after 400
+# cached ones costs, in decode steps (n=1 is 56 ms): n=2 1.62, 3 1.97, 4 1.43, 5 1.33, 6 1.42, 7 1.71, 8 1.38,
+# 9 1.51, 10 1.64, 11 1.77, 12 1.51, 13 1.61, 14 1.64, 15 1.73, 16 1.68. PyTorch's float32 CPU matmuls take some
+# row counts much faster than smaller ones, so a float32 verifier on a CPU pads such blocks with throw-away
+# tokens. bfloat16 passes cost about the same from 1 to 12 rows and need no padding.
+CPU_BLOCK_PADDING = {2: 5, 3: 5, 4: 5, 7: 8, 10: 12, 11: 12, 15: 16}
 
 
 def tree_attention_mask(prefix_len: int, anc: torch.Tensor, rows: slice, dtype: torch.dtype,
@@ -25,22 +57,158 @@ def tree_attention_mask(prefix_len: int, anc: torch.Tensor, rows: slice, dtype: 
     return mask[None, None].to(device)  # [1, 1, n_rows, prefix_len + S]
 
 
-# Measured on this project's 2-core CPU (fp32, MKL, AVX-512): one SmolLM2-135M pass over n new tokens after 400
-# cached ones costs, in decode steps (n=1 is 56 ms): n=2 1.62, 3 1.97, 4 1.43, 5 1.33, 6 1.42, 7 1.71, 8 1.38,
-# 9 1.51, 10 1.64, 11 1.77, 12 1.51, 13 1.61, 14 1.64, 15 1.73, 16 1.68. PyTorch's CPU matmuls take some row
-# counts much faster than smaller ones, so a verifier on a CPU pads such blocks with throw-away tokens.
-CPU_BLOCK_PADDING = {2: 5, 3: 5, 4: 5, 7: 8, 10: 12, 11: 12, 15: 16}
+@dataclass
+class Pass:
+    """What `tree_attention` needs to know about one forward: the committed length and each new row's branch."""
+
+    length: int  # committed prefix
+    start: int  # region index of the first new row
+    paths: list[list[int]]  # per new row: region indices of its branch, root first, ending with the row itself
+    row_invariant: bool
+    mask: torch.Tensor | None = None  # block layout: [1, 1, n, length + S] additive tree mask (None: causal)
+    padding_from: int | None = None  # region index of the first throw-away (padding) entry, whose output is unused
+    order: list[int] = field(default_factory=list)  # rows in depth-first order (each row's branch is a prefix)
+
+    def __post_init__(self) -> None:
+        rows = [r for r, path in enumerate(self.paths) if self.padding_from is None or path[-1] < self.padding_from]
+        self.order = sorted(rows, key=lambda r: self.paths[r])
+
+
+class TreeKV:
+    """Per-layer key/value buffers (committed prefix, then scratch) and the region's own keys and values."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.keys: list[torch.Tensor | None] = [None] * num_layers  # [1, H_kv, capacity, d]
+        self.values: list[torch.Tensor | None] = [None] * num_layers
+        self.region_keys: list[torch.Tensor | None] = [None] * num_layers  # [1, H_kv, S, d]
+        self.region_values: list[torch.Tensor | None] = [None] * num_layers
+        self.length = 0
+        self.step: Pass | None = None
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.length
+
+    def add(self, layer: int, k: torch.Tensor, v: torch.Tensor, needed: int) -> None:
+        """Append a forward's new keys/values [1, H_kv, n, d] to the region; make room for `needed` positions."""
+        if self.region_keys[layer] is None:
+            self.region_keys[layer], self.region_values[layer] = k, v
+        else:
+            self.region_keys[layer] = torch.cat([self.region_keys[layer], k], dim=2)
+            self.region_values[layer] = torch.cat([self.region_values[layer], v], dim=2)
+        buffer = self.keys[layer]
+        if buffer is None or buffer.shape[2] < needed:
+            capacity = max(needed, 2 * buffer.shape[2] if buffer is not None else 0)
+            capacity = -(-capacity // _GROWTH) * _GROWTH
+            self.keys[layer] = self._grown(buffer, k, capacity)
+            self.values[layer] = self._grown(self.values[layer], v, capacity)
+
+    def _grown(self, buffer: torch.Tensor | None, like: torch.Tensor, capacity: int) -> torch.Tensor:
+        grown = like.new_zeros(like.shape[0], like.shape[1], capacity, like.shape[3])  # [1, H_kv, capacity, d]
+        if buffer is not None:
+            grown[:, :, : self.length] = buffer[:, :, : self.length]
+        return grown
+
+    def write(self, layer: int, at: int, region_index: list[int] | slice) -> None:
+        """Copy region entries into the buffer from position `at` on."""
+        k, v = self.region_keys[layer], self.region_values[layer]
+        if isinstance(region_index, list):
+            index = torch.tensor(region_index, device=k.device)
+            k, v = k.index_select(2, index), v.index_select(2, index)
+        else:
+            k, v = k[:, :, region_index], v[:, :, region_index]
+        self.keys[layer][:, :, at: at + k.shape[2]] = k
+        self.values[layer][:, :, at: at + v.shape[2]] = v
+
+    def commit(self, keep: list[int]) -> None:
+        """Write the kept region entries (a chain from the prefix) after the prefix; forget the region."""
+        for layer in range(len(self.keys)):
+            if keep and self.region_keys[layer] is not None:
+                self.write(layer, self.length, keep)
+            self.region_keys[layer] = self.region_values[layer] = None
+        self.length += len(keep)
+
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.keys + self.values if t is not None)
+
+
+def tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                   tree_kv: TreeKV | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """query [1, H, n, d], key/value [1, H_kv, n, d] of the n new tokens -> ([1, n, H, d], None).
+
+    Without `tree_kv` (any other caller of the model, e.g. transformers' own `generate`) this is plain sdpa.
+    """
+    if tree_kv is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                      **kwargs)
+    step, layer = tree_kv.step, module.layer_idx
+    region = 0 if tree_kv.region_keys[layer] is None else tree_kv.region_keys[layer].shape[2]
+    if step.row_invariant:
+        tree_kv.add(layer, key, value, step.length + max(len(p) for p in step.paths))
+        return _row_attention(tree_kv, layer, query, scaling), None
+    tree_kv.add(layer, key, value, step.length + region + key.shape[2])
+    tree_kv.write(layer, step.length + region, slice(region, region + key.shape[2]))
+    end = step.length + region + key.shape[2]
+    k, v = tree_kv.keys[layer][:, :, :end], tree_kv.values[layer][:, :, :end]  # [1, H_kv, end, d]
+    causal = step.mask is None and step.length == 0 and region == 0
+    out = F.scaled_dot_product_attention(query, k, v, attn_mask=step.mask, is_causal=causal, scale=scaling,
+                                         enable_gqa=True)  # [1, H, n, d]
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _row_attention(tree_kv: TreeKV, layer: int, query: torch.Tensor, scaling: float | None) -> torch.Tensor:
+    """One kernel call per row over its own branch; rows go depth-first, so each writes one key into place."""
+    step = tree_kv.step
+    _, heads, n, d = query.shape
+    groups = heads // tree_kv.region_keys[layer].shape[1]  # query heads per key/value head (GQA)
+    out = query.new_zeros(1, n, heads, d)  # rows of padding entries stay zero: their logits are thrown away
+    written: list[int] = []  # region entries now in the buffer after the prefix
+    for r in step.order:
+        path = step.paths[r]
+        same = 0
+        while same < min(len(written), len(path)) and written[same] == path[same]:
+            same += 1
+        if same < len(path):
+            tree_kv.write(layer, step.length + same, path[same:])
+        written = path
+        end = step.length + len(path)
+        q = query[0, :, r].reshape(1, -1, groups, d).contiguous()  # [1, H_kv, groups, d]
+        k, v = tree_kv.keys[layer][:, :, :end], tree_kv.values[layer][:, :, :end]  # [1, H_kv, end, d]
+        out[0, r] = F.scaled_dot_product_attention(q, k, v, scale=scaling).reshape(heads, d)
+    return out
+
+
+AttentionInterface.register(ATTENTION, tree_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)  # other callers of the model get sdpa's masks
+
+
+@cache
+def bf16_is_row_invariant(rows: int = MAX_INVARIANT_ROWS) -> bool:
+    """Whether this machine's bfloat16 matmuls give each row the same bits whatever the row count (1..`rows`).
+
+    Probed once per process on random weights of a small target's shapes; a CPU without native bf16 (or a
+    BLAS that changes kernels with the row count) fails it, and `--dtype auto` then keeps float32.
+    """
+    g = torch.Generator().manual_seed(0)
+    for out_features, in_features in ((576, 576), (1536, 576), (576, 1536), (8192, 576)):
+        w = (torch.randn(out_features, in_features, generator=g) * 0.05).bfloat16()
+        x = torch.randn(rows, in_features, generator=g).bfloat16()
+        single = torch.cat([F.linear(x[i: i + 1], w) for i in range(rows)])  # [rows, out]
+        if any(not torch.equal(F.linear(x[:n], w), single[:n]) for n in range(2, rows + 1)):
+            return False
+    return True
 
 
 class TreeLM:
     """Wraps a Hugging Face causal LM; one sequence (batch 1) per instance."""
 
     def __init__(self, model: PreTrainedModel, head_ids: torch.Tensor | None = None,
-                 pad_blocks: dict[int, int] | None = None) -> None:
+                 pad_blocks: dict[int, int] | None = None, row_invariant: bool | None = None) -> None:
         """`head_ids`: score only these token ids (a reduced draft head); the returned logits are -inf elsewhere.
 
         `pad_blocks` {n: m}: a block of n tokens that opens the speculative region is run as m tokens, the extra
         ones attached to the prefix and dropped at `commit` (see `CPU_BLOCK_PADDING`).
+        `row_invariant`: the attention layout (module docstring); default: on CPU.
         """
         config = model.config
         layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
@@ -48,9 +216,12 @@ class TreeLM:
                 layer_types != {"full_attention"}:
             raise ValueError(f"{config.model_type} uses sliding-window or non-attention layers; tree verification "
                              "here needs full attention in every layer")
+        if config._attn_implementation != ATTENTION:
+            model.set_attn_implementation(ATTENTION)
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
+        self.row_invariant = self.device.type == "cpu" if row_invariant is None else row_invariant
         self.head_ids = head_ids.to(self.device) if head_ids is not None else None
         self.pad_blocks = pad_blocks or {}
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
@@ -59,11 +230,16 @@ class TreeLM:
         self.reset()
 
     def reset(self) -> None:
-        self.cache = DynamicCache(config=self.model.config)
-        self.length = 0  # committed tokens in the cache
+        self.cache = TreeKV(self.model.config.num_hidden_layers)
         self.parents: list[int] = []  # speculative region: parent of each entry (-1 = the prefix)
         self.depths: list[int] = []  # 0 for entries attached to the prefix
+        self.paths: list[list[int]] = []  # each entry's branch in the region, root first
         self.padding = 0  # throw-away entries at the end of the region
+
+    @property
+    def length(self) -> int:
+        """Committed tokens in the cache."""
+        return self.cache.length
 
     @torch.inference_mode()
     def extend(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
@@ -71,6 +247,8 @@ class TreeLM:
         if self.padding:
             raise ValueError("a padded block must be committed before more tokens are fed")
         start, n = len(self.parents), len(tokens)
+        if len(parents) != n:
+            raise ValueError(f"{n} tokens but {len(parents)} parents")
         if start == 0 and n in self.pad_blocks:
             self.padding = self.pad_blocks[n] - n
             tokens, parents = [*tokens, *[tokens[0]] * self.padding], [*parents, *[-1] * self.padding]
@@ -79,41 +257,58 @@ class TreeLM:
                 raise ValueError("a token's parent must come before it")
             self.parents.append(parent)
             self.depths.append(0 if parent < 0 else self.depths[parent] + 1)
+            self.paths.append([*(self.paths[parent] if parent >= 0 else []), start + i])
+        chunk = MAX_INVARIANT_ROWS if self.row_invariant else len(tokens)  # more rows: not row-invariant
+        logits = [self._forward(tokens[i: i + chunk], start + i) for i in range(0, len(tokens), chunk)]
+        return torch.cat(logits)[:n]  # [n, V]
+
+    def _forward(self, tokens: list[int], start: int, prefill: bool = False) -> torch.Tensor:
+        """One model pass over region entries `start:start + len(tokens)`. -> logits [len(tokens), V]."""
+        end = start + len(tokens)
         ids = torch.tensor([tokens], device=self.device)  # [1, n]
-        positions = torch.tensor([[self.length + d for d in self.depths[start:]]], device=self.device)  # [1, n]
-        is_chain_from_prefix = start == 0 and all(p == i - 1 for i, p in enumerate(parents))
+        positions = torch.tensor([[self.length + d for d in self.depths[start:end]]], device=self.device)  # [1, n]
         mask = None
-        if not is_chain_from_prefix:  # a causal chain needs no custom mask
-            anc = ancestor_matrix(self.parents)  # [S, S]
-            mask = tree_attention_mask(self.length, anc, slice(start, None), self.dtype, self.device)
-        inputs = dict(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self.cache, use_cache=True)
-        if self.head_ids is None:
-            return self.model(**inputs).logits[0, :n]  # [n, V]
-        h = self.model.base_model(**inputs).last_hidden_state[0, :n]  # [n, d]
+        if not self.row_invariant and not prefill:
+            mask = tree_attention_mask(self.length, ancestor_matrix(self.parents[:end]), slice(start, end),
+                                       self.dtype, self.device)
+        padding_from = len(self.parents) - self.padding if self.padding else None
+        self.cache.step = Pass(self.length, start, self.paths[start:end], self.row_invariant and not prefill, mask,
+                               padding_from)
+        inputs = dict(input_ids=ids, position_ids=positions, tree_kv=self.cache, use_cache=False)
+        try:
+            if self.head_ids is None:
+                return self.model(**inputs).logits[0]  # [n, V]
+            h = self.model.base_model(**inputs).last_hidden_state[0]  # [n, d]
+        finally:
+            self.cache.step = None
         scores = (h @ self.head_weight.T).float()  # [n, H]
         return scatter_head(scores, self.head_ids, self.vocab_size)  # [n, V_model]
 
+    @torch.inference_mode()
+    def prefill(self, tokens: list[int]) -> torch.Tensor:
+        """Append a prompt to an empty cache in one causal pass (block layout). -> logits [n, V].
+
+        Every method prefills the same way, so their caches agree bit for bit; rows after this are row-invariant.
+        """
+        if self.length or self.parents:
+            raise ValueError("prefill needs an empty cache")
+        self.parents, self.depths = list(range(-1, len(tokens) - 1)), list(range(len(tokens)))
+        self.paths = [[]] * len(tokens)  # unused by the block layout
+        logits = self._forward(tokens, 0, prefill=True)
+        self.commit(list(range(len(tokens))))
+        return logits
+
+    @torch.inference_mode()
     def commit(self, keep: list[int]) -> None:
         """Keep region entries `keep` (a chain from the prefix, in order) and drop the rest of the region."""
         for i, node in enumerate(keep):
             expected_parent = keep[i - 1] if i else -1
             if self.parents[node] != expected_parent:
                 raise ValueError(f"entries {keep} do not form a chain from the prefix")
-        region = len(self.parents)
-        if any(k >= region - self.padding for k in keep):
+        if any(k >= len(self.parents) - self.padding for k in keep):
             raise ValueError("padding entries cannot be kept")
-        if keep == list(range(len(keep))):  # a prefix of the region: cut the tail
-            if len(keep) != region:
-                end = self.length + len(keep)
-                for layer in self.cache.layers:
-                    layer.keys, layer.values = layer.keys[..., :end, :], layer.values[..., :end, :]
-        else:
-            index = torch.tensor(list(range(self.length)) + [self.length + k for k in keep], device=self.device)
-            for layer in self.cache.layers:
-                layer.keys = layer.keys.index_select(-2, index)
-                layer.values = layer.values.index_select(-2, index)
-        self.length += len(keep)
-        self.parents, self.depths, self.padding = [], [], 0
+        self.cache.commit(keep)
+        self.parents, self.depths, self.paths, self.padding = [], [], [], 0
 
     def feed(self, tokens: list[int]) -> torch.Tensor:
         """Append a plain chain of tokens to the committed prefix. -> logits [n, V]."""
@@ -123,5 +318,5 @@ class TreeLM:
 
     @property
     def kv_bytes(self) -> int:
-        return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.cache.layers
-                   if getattr(layer, "keys", None) is not None)
+        """Bytes of the key/value buffers (allocated, committed prefix and scratch)."""
+        return self.cache.nbytes()

@@ -1,0 +1,124 @@
+"""The row-invariant verifier: in bfloat16 on a CPU with native bf16, a tree pass gives every node the bits of
+decoding its branch one token at a time, so every method prints exactly the tokens of `ar` in that precision."""
+
+import copy
+
+import pytest
+import torch
+
+from specdec.config import LOOKUP_BRANCH, GenerationConfig
+from specdec.engine import generate, make_verifier
+from specdec.kvcache import MAX_INVARIANT_ROWS, TreeLM, bf16_is_row_invariant
+from specdec.models import Models
+from specdec.tree import TreeShape
+from tests.tiny import tiny_llama
+
+needs_bf16 = pytest.mark.skipif(not bf16_is_row_invariant(), reason="this CPU's bf16 matmuls are not row-invariant")
+
+
+@pytest.fixture(scope="module")
+def smollm2_bf16() -> Models:
+    torch.set_num_threads(2)
+    models = Models(device="cpu", dtype="bfloat16")
+    models.load()
+    yield models
+    torch.set_num_threads(1)
+
+
+def _branch(parents: list[int], node: int) -> list[int]:
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
+
+
+def _stepwise(base: TreeLM, tokens: list[int], parents: list[int]) -> dict[int, torch.Tensor]:
+    """Logits of every node from single decode steps along its branch (one copy of the cache per leaf)."""
+    logits: dict[int, torch.Tensor] = {}
+    leaves = [i for i in range(len(parents)) if i not in parents]
+    for leaf in leaves:
+        lm = copy.deepcopy(base)
+        for node in _branch(parents, leaf):
+            logits[node] = lm.feed([tokens[node]])[-1]  # [V]
+    return logits
+
+
+@needs_bf16
+@pytest.mark.parametrize("context", [7, 400, 2000])
+def test_tree_rows_equal_single_steps_bitwise(smollm2_bf16, context):
+    target = smollm2_bf16.target
+    text = target.tokenizer("A state-space model keeps a fixed-size state per layer. " * 200)["input_ids"]
+    g = torch.Generator().manual_seed(context)
+    base = make_verifier(target.model)
+    assert base.row_invariant and not base.pad_blocks
+    base.prefill(text[: context - 1])
+    for shape in (TreeShape.chain(15), TreeShape((2, 2, 1, 1)), TreeShape((4, 2, 1)), TreeShape((2, 2, 2, 1))):
+        parents = shape.parents  # up to 16 nodes, root included
+        tokens = [text[context - 1], *torch.randint(0, target.vocab_size, (len(parents) - 1,), generator=g).tolist()]
+        tree = copy.deepcopy(base).extend(tokens, parents)  # [n, V]
+        for node, expected in _stepwise(base, tokens, parents).items():
+            assert torch.equal(tree[node], expected), (context, shape.name, node)
+
+
+@needs_bf16
+def test_blocks_longer_than_the_invariant_row_count_are_split(smollm2_bf16):
+    target = smollm2_bf16.target
+    base = make_verifier(target.model)
+    base.prefill([1, 2, 3])
+    tokens = list(range(100, 100 + MAX_INVARIANT_ROWS + 5))  # one chain, longer than MAX_INVARIANT_ROWS
+    parents = list(range(-1, len(tokens) - 1))
+    block = copy.deepcopy(base).extend(tokens, parents)
+    steps = _stepwise(base, tokens, parents)
+    assert all(torch.equal(block[i], steps[i]) for i in range(len(tokens)))
+
+
+@needs_bf16
+@pytest.mark.parametrize("prompt", ["Why is the sky blue?", "Write a Python function that reverses a list.",
+                                    "Summarise: the cat sat on the mat. The cat sat on the mat because it was warm."])
+def test_every_method_prints_the_tokens_of_ar_in_bf16(smollm2_bf16, prompt):
+    def tokens(**kwargs) -> list[int]:
+        *_, summary = generate(smollm2_bf16, prompt, GenerationConfig(max_new_tokens=48, **kwargs))
+        return summary
+
+    ar = tokens(method="ar")
+    cases = [dict(method="mamba-chain"), dict(method="mamba-tree", tree="3,2,2,1"), dict(method="mamba-ucb"),
+             dict(method="mamba-ucb", lookup_branch=LOOKUP_BRANCH), dict(method="tf-tree", tree="2,2,1"),
+             dict(method="tf-tree", lookup_branch=LOOKUP_BRANCH), dict(method="lookup-chain")]
+    accepted = 0
+    for case in cases:
+        summary = tokens(**case)
+        assert summary.token_ids == ar.token_ids, case
+        accepted += summary.accepted_tokens
+    assert accepted > 0  # drafts were really verified and kept, not only the target's own tokens
+
+
+def test_row_and_block_layouts_agree_on_a_tiny_model():
+    """float32 tiny Llama: the row-invariant and the masked block layout give the same logits and the same cache."""
+    model = tiny_llama(11, seed=9)
+    shape = TreeShape((3, 2, 1))
+    tokens = [(3 * i + 1) % 11 for i in range(len(shape.parents))]
+    rows, block = TreeLM(model, row_invariant=True), TreeLM(model, row_invariant=False)
+    for lm in (rows, block):
+        lm.prefill([1, 2, 3, 4])
+    torch.testing.assert_close(rows.extend(tokens, shape.parents), block.extend(tokens, shape.parents),
+                               atol=1e-5, rtol=1e-5)
+    path = _branch(shape.parents, len(shape.parents) - 1)  # the last leaf's branch: not a prefix of the region
+    rows.commit(path)
+    block.commit(path)
+    torch.testing.assert_close(rows.feed([7]), block.feed([7]), atol=1e-5, rtol=1e-5)
+
+
+def test_commit_copies_only_the_accepted_entries():
+    """A commit's copy grows with the accepted tokens, not with the context (#12: no O(context) work per round)."""
+    model = tiny_llama(11, seed=9)
+    lm = TreeLM(model)
+    lm.prefill(list(range(1, 11)) * 50)  # 500 tokens
+    copied: list[int] = []
+    write = lm.cache.write
+    lm.cache.write = lambda layer, at, index: (copied.append(len(index) if isinstance(index, list)
+                                                              else index.stop - index.start), write(layer, at, index))
+    lm.extend([3, 4, 5, 6], [-1, 0, 0, 2])
+    copied.clear()
+    lm.commit([0, 2, 3])
+    assert copied == [3] * model.config.num_hidden_layers
