@@ -94,14 +94,8 @@ def open_page(browser, url: str, size: tuple[int, int]):
 
 
 def caption_starts(page, text: str, timeout: float = 30_000) -> None:
-    """Wait for the round caption to start with `text` (on failure, the screen is saved for a look)."""
-    try:
-        page.wait_for_function(
-            f"(document.querySelector('#caption .sd-caption')?.innerText || '').startsWith('{text}')", timeout=timeout)
-    except Exception:
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / "presenter-last-wait.png"))
-        raise
+    page.wait_for_function(
+        f"(document.querySelector('#caption .sd-caption')?.innerText || '').startsWith('{text}')", timeout=timeout)
 
 
 def press_until(page, key: str, n: int, first_timeout: float = 5_000) -> None:
