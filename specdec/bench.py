@@ -5,6 +5,7 @@ A method is a name from `specdec.config.METHODS` (optionally `name:tree`, e.g. `
     hf-ar        `model.generate` greedy/sampling with the KV cache
     hf-assisted  `generate(assistant_model=<the Transformer drafter>)`
     hf-lookup    `generate(prompt_lookup_num_tokens=10)`
+    ar-float32   the engine's `ar` on a float32 copy of the target, whatever `--dtype` the others use
 Throughput is new tokens / wall seconds of the whole call (prefill included), median over prompts.
 """
 
@@ -33,6 +34,7 @@ from specdec.models import Models
 from specdec.records import RoundRecord, Summary
 
 HF_METHODS = ("hf-ar", "hf-assisted", "hf-lookup")
+FLOAT32_AR = "ar-float32"  # the engine's `ar` with a float32 copy of the target: what exactness cost before bf16
 PROMPT_DIR = Path(__file__).resolve().parent.parent / "assets" / "prompts"
 
 
@@ -74,8 +76,8 @@ def parse_method(name: str) -> MethodSpec:
     name, _, lookup = name.partition("+")
     name, _, reward = name.partition("@")
     base, _, tree = name.partition(":")
-    if base not in METHODS and base not in HF_METHODS:
-        raise ValueError(f"unknown method {base!r}; choose from {', '.join([*METHODS, *HF_METHODS])}")
+    if base not in METHODS and base not in HF_METHODS and base != FLOAT32_AR:
+        raise ValueError(f"unknown method {base!r}; choose from {', '.join([*METHODS, *HF_METHODS, FLOAT32_AR])}")
     if reward and (reward not in REWARDS or not base.endswith("-ucb")):
         raise ValueError(f"'@{reward}' in {name!r}: a bandit method takes @{' or @'.join(REWARDS)}")
     length = 0
@@ -226,6 +228,7 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
         methods, parsed = ["ar", *methods], [parse_method("ar"), *parsed]
     greedy = temperature == 0.0
     bandits: dict[str, UCBBandit] = {}
+    others: dict[str, Models] = {}  # a float32 target for `ar-float32`
     exploration = {"lambda_ucb": lambda_ucb} if lambda_ucb is not None else {}
 
     def once(name: str, spec: MethodSpec, prompt: str, n_new: int, run_seed: int) -> Run:
@@ -235,6 +238,10 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
                                   **exploration).validate()
         if spec.base in HF_METHODS:
             return run_hf(models, prompt, spec.base, config, lookup_tokens)
+        if spec.base == FLOAT32_AR:
+            if "float32" not in others:
+                others["float32"] = Models(target=models.specs["target"], device=str(models.device), dtype="float32")
+            return run_engine(others["float32"], prompt, config)
         bandit = None
         if bandit_scope == "session" and config.spec.policy == "ucb":
             if name not in bandits:
@@ -255,7 +262,8 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
                 runs[name].append(run)
             log(f"repeat {rep + 1}/{repeats} prompt {i + 1}/{len(prompts)} {item['id']}: " + ", ".join(
                 f"{m} {len(runs[m][-1].tokens) / runs[m][-1].seconds:.1f}" for m in methods) + " tok/s")
-    results = {name: {**_aggregate(runs[name], runs["ar"], greedy, spec.base not in HF_METHODS),
+    results = {name: {**_aggregate(runs[name], runs["ar"] if spec.base != FLOAT32_AR else None, greedy,
+                                   spec.base not in HF_METHODS),
                       "reward": (spec.reward or reward) if spec.base.endswith("-ucb") else None,
                       "lookup_branch": spec.lookup_branch}
                for name, spec in zip(methods, parsed)}

@@ -11,6 +11,8 @@ from specdec.config import BANDIT_SCOPES, DEFAULT_ARMS, METHODS, REWARDS, Genera
 from specdec.models import DEFAULT_MAMBA, DEFAULT_TARGET, DEFAULT_TF, ModelLoadError, Models
 from specdec.records import RoundRecord, Summary
 
+DTYPE_HELP = ("target dtype: auto (bfloat16 on CUDA, and on a CPU whose bf16 matmuls are row-invariant, where it is "
+              "exact; else float32), float32, bfloat16 or float16")
 DRAFTER_DTYPE_HELP = ("drafter dtype: auto (bfloat16 on a CPU with native bf16, else the target's), float32, "
                       "bfloat16 or float16")
 
@@ -34,7 +36,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
                    help="mamba-*/tf-*: also verify up to N tokens copied from the context (prompt lookup), "
                         "grafted onto each tree; 0 = off")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
-    g.add_argument("--dtype", default="auto", help="target dtype: auto, float32, bfloat16 or float16")
+    g.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     g.add_argument("--drafter-dtype", default="auto", help=DRAFTER_DTYPE_HELP)
     g.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text, without the chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming the text")
@@ -69,7 +71,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary.to_dict()))
     else:
-        print(f"\n[{summary.method}] {summary.new_tokens} tokens in {summary.seconds:.2f} s "
+        print(f"\n[{summary.method}, target in {summary.extra['dtype']}] {summary.new_tokens} tokens in "
+              f"{summary.seconds:.2f} s "
               f"({summary.tokens_per_s:.1f} tok/s), {summary.rounds} rounds, "
               f"mean accepted length {summary.mean_accepted_len:.2f}", file=sys.stderr)
     return 0
@@ -107,7 +110,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--mamba-drafter", default=DEFAULT_MAMBA)
     b.add_argument("--tf-drafter", default=DEFAULT_TF)
     b.add_argument("--device", default="auto")
-    b.add_argument("--dtype", default="auto", help="target dtype: auto, float32, bfloat16 or float16")
+    b.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     b.add_argument("--drafter-dtype", default="auto", help=DRAFTER_DTYPE_HELP)
     b.set_defaults(func=cmd_bench)
 

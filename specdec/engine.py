@@ -219,5 +219,6 @@ def generate(models: Models, prompt: str, config: GenerationConfig, stop: thread
         acceptance_rate=accepted_total / tested_total if tested_total else None,
         drafted_tokens=drafted_total, stop_reason=stop_reason, accepted_tokens=accepted_total,
         tested_positions=tested_total,
-        extra={"drafter": drafter_label, "prompt_tokens": len(prompt_ids)},
+        extra={"drafter": drafter_label, "prompt_tokens": len(prompt_ids),
+               "dtype": str(target.model.dtype).removeprefix("torch.")},
     )

@@ -128,7 +128,13 @@ class TreeKV:
         self.length += len(keep)
 
     def nbytes(self) -> int:
-        return sum(t.nbytes for t in self.keys + self.values if t is not None)
+        """Bytes of the keys and values held: the committed prefix and the region."""
+        held = 0
+        for buffer, region in zip(self.keys + self.values, self.region_keys + self.region_values):
+            if buffer is not None:
+                per_position = buffer.nbytes // buffer.shape[2]
+                held += per_position * (self.length + (region.shape[2] if region is not None else 0))
+        return held
 
 
 def tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -318,5 +324,5 @@ class TreeLM:
 
     @property
     def kv_bytes(self) -> int:
-        """Bytes of the key/value buffers (allocated, committed prefix and scratch)."""
+        """Bytes of the keys and values held (committed prefix and region; the buffers reserve up to 2x more)."""
         return self.cache.nbytes()
