@@ -1,4 +1,5 @@
-"""The real offline target, SmolLM2-135M-Instruct, in float32: every method reproduces target-only greedy output."""
+"""The real offline target, SmolLM2-135M-Instruct, in float32, with the shipped drafters: every method, the app's
+default (mamba-ucb with the lookup branch) included, reproduces transformers' own greedy `generate`, up to EOS."""
 
 import json
 import os
@@ -9,14 +10,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec.config import GenerationConfig
+from specdec.config import LOOKUP_BRANCH, GenerationConfig
 from specdec.engine import generate
+from specdec.models import ASSETS
+from specdec.records import RoundRecord, Summary
 
 ROOT = Path(__file__).resolve().parent.parent
-PROMPTS = ["Write a Python function that checks whether a string is a palindrome.",
-           "What is 17 times 23? Explain step by step."]
-CASES = [("mamba-chain", None), ("mamba-tree", None), ("mamba-tree", "3,2,1"), ("mamba-ucb", None),
-         ("tf-chain", None), ("tf-tree", "2,2,2"), ("lookup-chain", None)]
+MAX_NEW = 40
+# (prompt, whether the target's greedy answer ends with EOS within MAX_NEW tokens); the last one repeats its prompt
+PROMPTS = [("Write a Python function that checks whether a string is a palindrome.", False),
+           ("Say hello.", True),
+           ("Repeat after me: the quick brown fox jumps over the lazy dog.", True)]
+# (method, tree, lookup branch, the drafter Summary.extra names); the app's default is mamba-ucb with the branch
+CASES = [("mamba-chain", None, 0, "mamba-smollm2"), ("mamba-tree", "3,2,1", 0, "mamba-smollm2"),
+         ("mamba-ucb", None, 0, "mamba-smollm2"), ("mamba-ucb", None, LOOKUP_BRANCH, "mamba-smollm2+lookup"),
+         ("tf-chain", None, 0, "tf-smollm2"), ("tf-tree", "2,2,2", 0, "tf-smollm2"),
+         ("tf-tree", None, LOOKUP_BRANCH, "tf-smollm2+lookup"), ("lookup-chain", None, 0, "lookup")]
 
 
 @pytest.fixture(scope="module")
@@ -26,18 +35,52 @@ def fast_threads():
     torch.set_num_threads(1)
 
 
-def _ids(models, prompt, **kwargs):
-    *_, summary = generate(models, prompt, GenerationConfig(max_new_tokens=32, **kwargs))
-    return summary
+def _run(models, prompt, **kwargs) -> tuple[list[RoundRecord], Summary]:
+    *rounds, summary = generate(models, prompt, GenerationConfig(max_new_tokens=MAX_NEW, **kwargs))
+    return rounds, summary
 
 
-@pytest.mark.parametrize("prompt", PROMPTS)
-def test_every_method_matches_target_only_greedy(smollm2, fast_threads, prompt):
-    ar = _ids(smollm2, prompt, method="ar")
-    assert ar.new_tokens > 0
-    for method, tree in CASES:
-        sd = _ids(smollm2, prompt, method=method, tree=tree)
-        assert sd.token_ids == ar.token_ids, (method, tree)
+@torch.inference_mode()
+def _transformers_greedy(models, prompt: str) -> list[int]:
+    """transformers' own greedy loop: the reference that shares no decoding code with the engine."""
+    target = models.target
+    chat = target.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                tokenize=True, return_dict=True)
+    ids = torch.tensor([chat["input_ids"]])  # [1, L]
+    out = target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW, do_sample=False,
+                                pad_token_id=target.tokenizer.eos_token_id)  # [1, L + new]
+    return out[0, ids.shape[1]:].tolist()
+
+
+def test_the_shipped_drafters_are_loaded(smollm2):
+    for kind, preset in (("mamba", "mamba-smollm2"), ("transformer", "tf-smollm2")):
+        loaded = smollm2.drafter(kind)
+        assert loaded.name == preset and loaded.source == str(ASSETS / "drafters" / preset)
+        assert loaded.tokenizer is not None and loaded.tokenizer.get_vocab() == smollm2.target.tokenizer.get_vocab()
+
+
+def test_every_method_matches_transformers_greedy(smollm2, fast_threads):
+    tokenizer = smollm2.target.tokenizer
+    accepted = {case[:3]: 0 for case in CASES}  # drafted tokens accepted, over all prompts
+    copies = {case[:3]: 0 for case in CASES}  # nodes copied from the context and verified, over all prompts
+    for prompt, ends in PROMPTS:
+        reference = _transformers_greedy(smollm2, prompt)
+        text = tokenizer.decode(reference, skip_special_tokens=True)
+        assert (reference[-1] == tokenizer.eos_token_id) == ends and len(reference) <= MAX_NEW, prompt
+        _, ar = _run(smollm2, prompt, method="ar")
+        assert ar.token_ids == reference, prompt
+        assert ar.stop_reason == ("eos" if ends else "max_new_tokens"), prompt
+        for method, tree, lookup, drafter in CASES:
+            rounds, sd = _run(smollm2, prompt, method=method, tree=tree, lookup_branch=lookup)
+            case = (method, tree, lookup)
+            assert sd.token_ids == reference, (prompt, case)
+            assert sd.text == text == "".join(t.text for r in rounds for t in r.emitted), (prompt, case)
+            assert sd.stop_reason == ar.stop_reason, (prompt, case)
+            assert sd.extra["drafter"] == drafter, (prompt, case)  # the shipped drafter ran, not a random one
+            accepted[case] += sd.accepted_tokens
+            copies[case] += sum(n.copied for r in rounds for n in r.nodes)
+    assert all(accepted.values()), accepted  # every method's drafts were used, the bandit's included
+    assert all(copies[case[:3]] for case in CASES if case[2]), copies  # the lookup branch was grafted
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
