@@ -53,6 +53,7 @@ nice -n 10 podman build --isolation chroot --layers \
     --build-arg BASE_IMAGE="$BASE" \
     --build-arg TORCH_PIP_ARGS="--no-index --no-deps --find-links /wheels" \
     --volume "$wheels:/wheels:ro" \
+    --label specdec.sources="$(sh scripts/space_sources.sh)" \
     --tag "$IMAGE" .
 size=$(podman image inspect --format '{{.Size}}' "$IMAGE")
 echo "space-image: $IMAGE built in $(($(date +%s) - start)) s; size $((size / 1000000)) MB ($size bytes)"

@@ -1,6 +1,7 @@
 """Serve the built Space image without a container engine and check one greedy answer (`make space-smoke`).
 
-The image's file system is exported (`podman export`) into a folder, once per image id; its `CMD` runs there in a
+The image must carry the repo's current app files (its `specdec.sources` label, `scripts/space_sources.sh`).
+Its file system is exported (`podman export`) into a folder, once per image id; its `CMD` runs there in a
 chroot as uid 1000 (the Space's user), with the image's environment, on a free local port and 127.0.0.1. The
 script waits for the page (timing container start to serving), asks the `generate` API for one greedy answer and
 checks that its tokens equal `python -m specdec generate --json` run outside the image on the same prompt, method
@@ -32,6 +33,18 @@ METHOD, MAX_NEW_TOKENS = "mamba-ucb", 24
 
 def podman(*args: str) -> str:
     return subprocess.run(["podman", *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def sources_hash() -> str:
+    return subprocess.run(["sh", "scripts/space_sources.sh"], cwd=ROOT, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def check_sources(image: str, when: str) -> None:
+    """The image must hold the repo's current app files, or the comparison would be between two versions."""
+    label = podman("image", "inspect", "--format", '{{index .Labels "specdec.sources"}}', image)
+    if label != sources_hash():
+        raise SystemExit(f"space-smoke: the repo's app files changed {when}; run `make space-image` again")
 
 
 def exported_root(image: str, cache: Path) -> Path:
@@ -116,6 +129,7 @@ def main() -> None:
     args = p.parse_args()
 
     started = time.monotonic()
+    check_sources(args.image, "since the image was built")
     root = exported_root(args.image, args.cache)
     print(f"space-smoke: image file system at {root} ({time.monotonic() - started:.0f} s)", flush=True)
     port, log = free_port(), args.cache / "app.log"
@@ -135,6 +149,7 @@ def main() -> None:
         server.wait(timeout=30)
     outside = answer_outside(args.prompt)
     if inside != outside:
+        check_sources(args.image, "during the smoke test")
         raise SystemExit(f"space-smoke: FAILED: the image answered {inside}, the CLI outside it {outside}")
     print(f"space-smoke: OK: {METHOD}, greedy, {MAX_NEW_TOKENS} tokens, identical to the CLI outside the image "
           f"({time.monotonic() - started:.0f} s in all)")
