@@ -13,6 +13,7 @@ import functools
 import importlib.util
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from demo.session import Session, write_export
 from demo.tokens_html import conversation_html
 from demo.tree_svg import tree_html
 from demo.views import main_views, round_views
+from specdec.records import Summary
 
 ROOT = Path(__file__).resolve().parent
 EXPORTS = Path(tempfile.gettempdir()) / "specdec-exports"
@@ -208,6 +210,30 @@ def wire_live(engine: Engine, live: dict, session: gr.State, outputs: list) -> N
     live["step"].click(step, inputs, outputs, api_name="step", **model_work)
     live["compare"].click(compare, inputs, outputs, api_name="compare", **model_work)
     live["stop"].click(stop, session, None, api_name="stop", queue=False)
+
+    def complete(prompt: str, method: str = "mamba-ucb", temperature: float = 0.0, max_new_tokens: int = 96,
+                 seed: int = 0, tree: str | None = None, arms: str | None = None, lambda_ucb: float = 0.1,
+                 reward: str = "paper", lookup: bool = True) -> dict:
+        """Decode `prompt` to the end and return the answer as JSON: text, token ids and the run's figures."""
+        settings = settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup)
+        config, models = setup(settings, lambda fraction, desc=None: None)
+        summary = None
+        try:
+            for event in engine.generate(models, checked_prompt(prompt), config, threading.Event(), {}):
+                summary = event if isinstance(event, Summary) else summary
+        except ValueError as err:
+            raise gr.Error(str(err)) from err
+        return plain_answer(summary)
+
+    gr.api(complete, api_name="complete", **{k: v for k, v in model_work.items() if k != "show_progress"})
+
+
+def plain_answer(summary: Summary) -> dict:
+    """What the `complete` API returns: the text, its token ids and the run's figures (JSON types only)."""
+    return {"text": summary.text, "token_ids": list(summary.token_ids), "rounds": summary.rounds,
+            "tokens_per_s": summary.tokens_per_s, "mean_accepted_len": summary.mean_accepted_len,
+            "acceptance_rate": summary.acceptance_rate, "method": summary.method,
+            "dtype": summary.extra.get("dtype"), "stop_reason": summary.stop_reason}
 
 
 def explain(number: float, session: Session | None) -> str:

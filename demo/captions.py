@@ -48,7 +48,8 @@ def summary_caption(summary: Summary) -> str:
     why = STOP_REASONS.get(summary.stop_reason, summary.stop_reason)
     rate = f"; {summary.acceptance_rate:.0%} of checked drafts accepted" if summary.acceptance_rate is not None else ""
     return (f"Done: {_count(summary.new_tokens, 'token')} in {_count(summary.rounds, 'round')} "
-            f"({summary.mean_accepted_len:.1f} per round) at {summary.tokens_per_s:.1f} tokens/s{rate}; stopped because {why}.")
+            f"({summary.mean_accepted_len:.1f} per round) at {summary.tokens_per_s:.1f} tokens/s{rate}; "
+            f"stopped because {why}.")
 
 
 def replay_status(session: Session, live: bool) -> str:
@@ -74,7 +75,8 @@ def status_text(session: Session, live: bool) -> str:
         drafter = str(session.summary.extra.get("drafter", ""))
         note = (" Note: the trained drafter is not installed, so an untrained one stands in and few drafts are "
                 "accepted." if drafter.startswith("random") else "")
-        return summary_caption(session.summary) + note
+        dtype = session.summary.extra.get("dtype")
+        return summary_caption(session.summary) + (f" Target in {dtype}." if dtype else "") + note
     if not session.rounds:
         return "Loading the models (first run only) and reading the prompt…" if live else ""
     last = session.rounds[-1]

@@ -91,4 +91,5 @@ def fake_generate(models: object, prompt: str, config: object, stop: threading.E
     yield Summary(method, "".join(t.text for t in tokens), [t.token_id for t in tokens], len(tokens), len(rounds),
                   12.0, ms_total / 1000, len(tokens) / (ms_total / 1000) if ms_total else 0.0,
                   len(tokens) / max(len(rounds), 1), 0.6 if drafted else None, drafted,
-                  "stopped" if stop is not None and stop.is_set() else "max_new_tokens")
+                  "stopped" if stop is not None and stop.is_set() else "max_new_tokens",
+                  extra={"dtype": "float32"})
