@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib.util
+import math
 import os
+import re
 import tempfile
 import threading
 import time
@@ -93,35 +95,83 @@ def real_engine(target: str, drafter: str, tf_drafter: str, device: str, dtype: 
     return Engine(make_config, prepare, generate)
 
 
-def settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup) -> dict:
+@dataclass(frozen=True)
+class Limits:
+    """Per-request caps for a public deployment, from environment variables with safe defaults."""
+
+    max_new_tokens: int = 512  # SPECDEC_MAX_NEW_TOKENS
+    max_prompt_chars: int = 8000  # SPECDEC_MAX_PROMPT_CHARS
+    queue_size: int = 32  # SPECDEC_QUEUE_SIZE: requests waiting beyond this are refused by the queue
+
+    @classmethod
+    def from_env(cls) -> Limits:
+        env = os.environ.get
+        return cls(int(env("SPECDEC_MAX_NEW_TOKENS", cls.max_new_tokens)),
+                   int(env("SPECDEC_MAX_PROMPT_CHARS", cls.max_prompt_chars)),
+                   int(env("SPECDEC_QUEUE_SIZE", cls.queue_size)))
+
+
+MAX_SEED = 2**63 - 1  # torch generators take seeds up to this
+
+
+def finite(name: str, value) -> float:
+    """`value` as a float, or one sentence saying it is not a finite number."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number):
+        raise gr.Error(f"Invalid settings: {name} must be a finite number, got {value!r}.")
+    return number
+
+
+def settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup,
+                limits: Limits = Limits()) -> dict:
+    """The engine's keyword settings from the page's values; non-numbers, seeds out of range and token counts
+    above the cap are refused in one sentence."""
+    tokens = finite("max new tokens", max_new_tokens)
+    seed = seed or 0 if isinstance(seed, int) else finite("the seed", seed)  # ints stay exact beyond 2**53
+    if not 0 <= seed <= MAX_SEED or seed != int(seed):
+        raise gr.Error(f"Invalid settings: the seed must be a whole number from 0 to {MAX_SEED}.")
+    if tokens > limits.max_new_tokens:
+        raise gr.Error(f"Invalid settings: at most {limits.max_new_tokens} new tokens per request here.")
     return dict(method=method, tree=(tree or "").strip() or None, arms=(arms or "").strip() or None,
-                temperature=float(temperature), max_new_tokens=int(max_new_tokens), seed=int(seed or 0),
-                lambda_ucb=float(lambda_ucb), reward=reward, lookup_branch=LOOKUP_BRANCH if lookup else 0)
+                temperature=finite("temperature", temperature), max_new_tokens=int(tokens), seed=int(seed),
+                lambda_ucb=finite("λ_UCB", lambda_ucb), reward=reward, lookup_branch=LOOKUP_BRANCH if lookup else 0)
 
 
-def page_handler(handler):
+def page_handler(handler, limits: Limits):
     """`handler(prompt, settings, session, progress)` as a Gradio handler of the page's 11 inputs."""
 
     def on_page(prompt, method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup, session,
                 progress=gr.Progress()):
-        settings = settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup)
-        yield from handler(prompt, settings, session or Session(), progress)
+        settings = settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup,
+                               limits)
+        yield from handler(checked_prompt(prompt, limits), settings, session or Session(), progress)
 
     return on_page
 
 
-def checked_prompt(prompt: str | None) -> str:
-    if not (prompt or "").strip():
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # control characters other than tab and newline
+SURROGATE = re.compile(r"[\ud800-\udfff]")  # halves of UTF-16 pairs that arrived unpaired
+
+
+def checked_prompt(prompt: str | None, limits: Limits = Limits()) -> str:
+    """The prompt without control characters (unpaired surrogates become U+FFFD), or one sentence saying why not."""
+    text = SURROGATE.sub("\ufffd", CONTROL.sub("", str(prompt or "").replace("\r\n", "\n"))).strip()
+    if not text:
         raise gr.Error("Type a prompt first, or click one of the examples below the settings.")
-    return prompt.strip()
+    if len(text) > limits.max_prompt_chars:
+        raise gr.Error(f"The prompt has {len(text):,} characters; at most {limits.max_prompt_chars:,} are taken here.")
+    return text
 
 
-def wire_live(engine: Engine, live: dict, session: gr.State, outputs: list) -> None:
+def wire_live(engine: Engine, live: dict, session: gr.State, outputs: list, limits: Limits) -> None:
     """The Live tab's events; every handler is a generator of UI updates over one session's `Session`."""
 
     def begin(prompt, settings, session):
         """Start a fresh run in `session`; show the prompt and a loading line at once, before anything slow."""
-        session.start(checked_prompt(prompt), settings)
+        session.start(prompt, settings)
         return main_views(session, live=True) + [gr.HTML(visible=False), gr.DownloadButton(interactive=False), session]
 
     def setup(settings, progress):
@@ -155,14 +205,14 @@ def wire_live(engine: Engine, live: dict, session: gr.State, outputs: list) -> N
         yield begin(prompt, settings, session)
         return setup(settings, progress)
 
-    @page_handler
+    @functools.partial(page_handler, limits=limits)
     def run(prompt, settings, session, progress):
         config, models = yield from opening(prompt, settings, session, progress)
         yield from stream(session, engine.generate(models, session.prompt, config, session.stop,
                                                    session.memory))
         yield finish(session)
 
-    @page_handler
+    @functools.partial(page_handler, limits=limits)
     def compare(prompt, settings, session, progress):
         config, models = yield from opening(prompt, settings, session, progress)
         base = Session(session.prompt, {**settings, "method": "ar"}, stop=session.stop)
@@ -181,7 +231,7 @@ def wire_live(engine: Engine, live: dict, session: gr.State, outputs: list) -> N
             yield from stream(session, method_run, panel)
         yield finish(session, panel)
 
-    @page_handler
+    @functools.partial(page_handler, limits=limits)
     def step(prompt, settings, session, progress):
         if session.stepper is None or session.settings != settings or session.prompt != (prompt or "").strip():
             config, models = yield from opening(prompt, settings, session, progress)
@@ -215,11 +265,13 @@ def wire_live(engine: Engine, live: dict, session: gr.State, outputs: list) -> N
                  seed: int = 0, tree: str | None = None, arms: str | None = None, lambda_ucb: float = 0.1,
                  reward: str = "paper", lookup: bool = True) -> dict:
         """Decode `prompt` to the end and return the answer as JSON: text, token ids and the run's figures."""
-        settings = settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup)
+        settings = settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup,
+                               limits)
+        prompt = checked_prompt(prompt, limits)
         config, models = setup(settings, lambda fraction, desc=None: None)
         summary = None
         try:
-            for event in engine.generate(models, checked_prompt(prompt), config, threading.Event(), {}):
+            for event in engine.generate(models, prompt, config, threading.Event(), {}):
                 summary = event if isinstance(event, Summary) else summary
         except ValueError as err:
             raise gr.Error(str(err)) from err
@@ -254,8 +306,10 @@ INTRO = (
 
 
 def build_app(engine: Engine | None, prompts_dir: Path = ROOT / "assets" / "prompts", runs_dir: Path = RUNS,
-              replay_only: str = "") -> gr.Blocks:
-    """The whole page. `engine=None` (with `replay_only` saying why) serves the Replay tab alone, no model."""
+              replay_only: str = "", limits: Limits | None = None) -> gr.Blocks:
+    """The whole page. `engine=None` (with `replay_only` saying why) serves the Replay tab alone, no model;
+    `limits` default to `Limits.from_env()`."""
+    limits = limits or Limits.from_env()
     runs = recorded_runs(runs_dir)
     with gr.Blocks(title="Mamba drafters: speculative decoding", delete_cache=(1800, 3600)) as app:
         session = gr.State(None)  # this tab's `Session`, created by its first run or replay
@@ -291,13 +345,13 @@ def build_app(engine: Engine | None, prompts_dir: Path = ROOT / "assets" / "prom
 
         main = [conversation, caption, tree_view, round_slider, bandit_plot, speed_plot, memory_plot]
         if engine is not None:
-            wire_live(engine, live, session, main + [comparison, live["export"], session])
+            wire_live(engine, live, session, main + [comparison, live["export"], session], limits)
         wire_replay(replay, runs, session, main)
         presenter.wire_view(app, *toggles, live["collapsible"], session, tree_view, round_slider)
         round_slider.input(round_views, [round_slider, session], [caption, tree_view, bandit_plot], api_name=False,
                            concurrency_limit=None, show_progress="hidden", trigger_mode="always_last")
         explainer_tab.select(explain, [round_slider, session], explainer, api_name=False, queue=False)
-    app.queue(default_concurrency_limit=1, max_size=32)
+    app.queue(default_concurrency_limit=1, max_size=limits.queue_size)
     return app
 
 

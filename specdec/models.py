@@ -8,10 +8,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -173,11 +175,33 @@ def _resolve(spec: str) -> tuple[str, str | None]:
             raise ModelLoadError(f"folder {spec!r} has no config.json (and not exactly one .gguf file)")
         return str(path), None
     if _HUB_ID.match(spec):
+        why = _hub_unreachable(spec)
+        if why:
+            raise ModelLoadError(f"model {spec!r} cannot be loaded: {why}")
         return spec, None
     raise ModelLoadError(
         f"unknown model {spec!r}: not a preset ({', '.join(PRESETS)}), not a local folder or .gguf file, "
         "and not a hub id of the form owner/name"
     )
+
+
+def _hub_unreachable(spec: str, timeout_s: float = 3.0) -> str:
+    """Why hub id `spec` cannot be fetched ('' when it is cached or the hub answers), decided in seconds instead of
+    after the hub client's retries."""
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(spec, "config.json"), str):
+        return ""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return "it is not in the local cache and HF_HUB_OFFLINE is set"
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    proxy = urlparse(os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy") or "")
+    address = (proxy.hostname, proxy.port or 80) if proxy.hostname else (host, 443)
+    try:
+        socket.create_connection(address, timeout=timeout_s).close()
+    except OSError:
+        return f"it is not in the local cache and {host} cannot be reached from here"
+    return ""
 
 
 def _preset_folder(spec: str, preset: Preset) -> Path:

@@ -1,0 +1,161 @@
+"""Hostile and odd input over the API, per-request limits, exports and model ids: each request gets a sensible
+result or one clear sentence, and the next request works. The engine is `demo.fake` (no models) except where a
+test says otherwise."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+
+import app
+from specdec.models import ModelLoadError, load_model
+from tests.app_process import ROOT, free_port
+from tests.test_app_client import ARGS, fake_engine
+
+LIMITS = app.Limits(max_new_tokens=64, max_prompt_chars=500, queue_size=4)
+
+
+@pytest.fixture(scope="module")
+def client():
+    blocks = app.build_app(fake_engine(delay=0.001), limits=LIMITS)
+    port = free_port()
+    blocks.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    yield Client(f"http://127.0.0.1:{port}/", verbose=False)
+    blocks.close()
+
+
+def complete(client: Client, prompt: str, **changes) -> dict:
+    return client.predict(prompt, **{**ARGS, "max_new_tokens": 8, **changes}, api_name="/complete")
+
+
+def refused(client: Client, pattern: str, prompt: str = "Hi", **changes) -> None:
+    """The request fails with one sentence matching `pattern` (no traceback), and the next request works."""
+    with pytest.raises(AppError) as err:
+        complete(client, prompt, **changes)
+    message = str(err.value)
+    assert re.search(pattern, message) and "Traceback" not in message and "\n" not in message.strip()
+    assert len(complete(client, "Hi")["token_ids"]) == 8
+
+
+@pytest.mark.parametrize("prompt", ["Emoji 🙂🚀 and 👩‍👩‍👧 families", "مرحبا بالعالم، اشرح لي", "请用中文解释推测解码。",
+                                    "Tabs\tand\nnewlines\r\nkept"])
+def test_unusual_but_valid_text_is_answered(client, prompt):
+    assert len(complete(client, prompt)["token_ids"]) == 8
+
+
+def test_control_characters_and_unpaired_surrogates_are_cleaned():
+    assert app.checked_prompt("a\x00b\x1b[31mc\x7f\u0085d\r\ne\tf") == "ab[31mcd\ne\tf"
+    assert app.checked_prompt("half \ud800 pair") == "half \ufffd pair"
+    with pytest.raises(app.gr.Error, match="Type a prompt first"):
+        app.checked_prompt("\x00\x01\x02")
+
+
+def test_control_characters_over_the_api(client):
+    assert len(complete(client, "bell\x07 escape\x1b null\x00 end")["token_ids"]) == 8
+    refused(client, "Type a prompt first", prompt="\x00\x07\x1b")
+
+
+@pytest.mark.parametrize("name, value", [("temperature", "nan"), ("temperature", "inf"), ("lambda_ucb", "-inf"),
+                                         ("max_new_tokens", "nan"), ("seed", "inf")])
+def test_non_finite_numbers_are_refused_in_one_sentence(name, value):
+    with pytest.raises(app.gr.Error, match="must be a finite number"):
+        app.settings_of(**{**ARGS, name: float(value)})
+
+
+def test_numbers_out_of_range_over_the_api(client):
+    refused(client, "seed must be a whole number", seed=10**30)
+    refused(client, "seed must be a whole number", seed=-1)
+    refused(client, "at most 64 new tokens", max_new_tokens=65)
+    refused(client, "temperature", temperature=-1)
+    assert len(complete(client, "Hi", seed=app.MAX_SEED)["token_ids"]) == 8
+
+
+def test_prompt_length_cap(client):
+    assert len(complete(client, "x" * 500)["token_ids"]) == 8  # exactly at the cap
+    refused(client, "501 characters; at most 500", prompt="x" * 501)
+
+
+FIFTY_ARMS = "; ".join(f"{a},{b}" for a in range(1, 8) for b in range(1, 9)).split("; ")[:50]  # distinct shapes
+
+
+def test_fifty_bandit_arms():
+    config = fake_engine().make_config(**app.settings_of(**{**ARGS, "arms": "; ".join(FIFTY_ARMS)}))
+    assert len(config.shapes()) == 50
+    with pytest.raises(ValueError, match="must differ"):
+        fake_engine().make_config(**app.settings_of(**{**ARGS, "arms": "; ".join(["2,1"] * 50)}))
+
+
+def test_fifty_arms_over_the_api(client):
+    assert len(complete(client, "Hi", arms="; ".join(FIFTY_ARMS))["token_ids"]) == 8
+    refused(client, "Invalid settings: .*must differ", arms="; ".join(["2,1"] * 50))
+
+
+def test_export_after_a_stopped_run_is_a_valid_file_under_the_temp_folder(client):
+    job = client.submit("../../etc/passwd.json", *{**ARGS, "max_new_tokens": 64}.values(), api_name="/generate")
+    deadline = time.monotonic() + 30
+    while len(job.outputs()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    client.predict(api_name="/stop")
+    final = job.result(timeout=30)
+    path = Path(final[-1]["value"])
+    assert path.resolve().is_relative_to(Path(tempfile.gettempdir()).resolve())
+    assert re.fullmatch(r"specdec-run-\d{8}-\d{6}-[0-9a-f]{6}\.json", path.name)  # a generated name, not the prompt's
+    run = json.loads(path.read_text(encoding="utf-8"))
+    assert run["prompt"] == "../../etc/passwd.json" and run["summary"]["stop_reason"] in ("stopped", "max_new_tokens")
+    assert len(run["rounds"]) >= 1
+
+
+def test_limits_come_from_the_environment(monkeypatch):
+    assert app.Limits.from_env() == app.Limits()
+    monkeypatch.setenv("SPECDEC_MAX_NEW_TOKENS", "32")
+    monkeypatch.setenv("SPECDEC_MAX_PROMPT_CHARS", "100")
+    monkeypatch.setenv("SPECDEC_QUEUE_SIZE", "3")
+    assert app.Limits.from_env() == app.Limits(32, 100, 3)
+
+
+@pytest.mark.parametrize("env", [{"HF_HUB_OFFLINE": "1"},
+                                 {"HF_HUB_OFFLINE": "0", "HTTPS_PROXY": "http://127.0.0.1:9"}])
+def test_unknown_hub_model_fails_in_seconds(monkeypatch, env):
+    import torch
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    started = time.monotonic()
+    with pytest.raises(ModelLoadError, match="nobody-here/no-such-model.*cannot be"):
+        load_model("nobody-here/no-such-model", torch.device("cpu"), torch.float32)
+    assert time.monotonic() - started < 10
+
+
+NO_NETWORK = """
+import socket, sys
+tried = []
+def refuse(self, address, *args):
+    tried.append(address)
+    raise OSError("network blocked by the test")
+socket.socket.connect = refuse
+from specdec.models import Models
+models = Models("smollm2-135m-instruct", "mamba-smollm2", "tf-smollm2", "cpu", "float32", "float32")
+models.load(lambda message: None)
+models.drafter("mamba", lambda message: None)
+print("tried", tried)
+"""
+
+
+def test_local_models_load_without_any_network_access():
+    """Hub online as far as the environment says, an unreachable proxy, and every socket connect refused."""
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    env.update(HTTPS_PROXY="http://127.0.0.1:9", HTTP_PROXY="http://127.0.0.1:9", HF_HUB_DISABLE_TELEMETRY="1")
+    done = subprocess.run([sys.executable, "-c", NO_NETWORK], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "tried []"
