@@ -1,9 +1,9 @@
 """The app: type a prompt and watch a Mamba drafter's token tree being checked by the target, round by round.
 
 `python app.py` (or `make demo`) serves it on http://127.0.0.1:7860. The page is built from the pure render
-functions in `demo/`; this file only lays out the Blocks, wires the events and launches. Models load on the
-first request (once per process), never at import. `python app.py --replay-only` (or a machine without torch)
-serves the Replay tab alone: recorded runs played back without any model.
+functions in `demo/`; this file only lays out the Blocks, wires the events and launches. Models load in a
+background thread as the server starts (once per process), never at import. `python app.py --replay-only` (or a
+machine without torch) serves the Replay tab alone: recorded runs played back without any model.
 """
 
 from __future__ import annotations
@@ -69,11 +69,14 @@ def real_engine(target: str, drafter: str, tf_drafter: str, device: str, dtype: 
 
         return GenerationConfig(**settings).validate()
 
+    first_load = threading.Lock()  # the warm-up thread and a first request build one `Models`, not two
+
     def prepare(config, progress):
         from specdec.models import ModelLoadError
 
         try:
-            loaded = models()
+            with first_load:
+                loaded = models()
             loaded.load(progress)
             if config.spec.has_model:
                 loaded.drafter(config.spec.drafter, progress)
@@ -254,7 +257,8 @@ def wire_live(engine: Engine, live: dict, session: gr.State, outputs: list, limi
             session.stop.set()
 
     inputs = [live["prompt"]] + [live[name] for name in SETTINGS] + [session]
-    model_work = dict(concurrency_limit=1, concurrency_id="model", show_progress="minimal")
+    model_work = dict(concurrency_limit=1, concurrency_id="model", show_progress="minimal",
+                      show_progress_on=outputs[0])  # one indicator, where the answer appears
     live["run"].click(run, inputs, outputs, api_name="generate", **model_work)
     live["prompt"].submit(run, inputs, outputs, api_name=False, **model_work)
     live["step"].click(step, inputs, outputs, api_name="step", **model_work)
@@ -277,7 +281,7 @@ def wire_live(engine: Engine, live: dict, session: gr.State, outputs: list, limi
             raise gr.Error(str(err)) from err
         return plain_answer(summary)
 
-    gr.api(complete, api_name="complete", **{k: v for k, v in model_work.items() if k != "show_progress"})
+    gr.api(complete, api_name="complete", concurrency_limit=1, concurrency_id="model")
 
 
 def plain_answer(summary: Summary) -> dict:
@@ -385,15 +389,40 @@ def missing_runtime() -> str:
     return f"{' and '.join(absent)} {'is' if len(absent) == 1 else 'are'} not installed" if absent else ""
 
 
+def hub_models(args: argparse.Namespace) -> list[str]:
+    """The models asked for that are neither presets nor local files: they would be fetched from the hub."""
+    from specdec.models import PRESETS
+
+    specs = (args.target, args.drafter, args.tf_drafter)
+    return [s for s in specs if s not in PRESETS and not Path(s).expanduser().exists()]
+
+
+def warm_up(engine: Engine) -> None:
+    """Load the default method's models in the background, so the first click does not wait for them."""
+
+    def load() -> None:
+        try:
+            engine.prepare(engine.make_config(method=next(iter(METHODS))), lambda message: None)
+        except gr.Error as err:  # the first request reports it again, in its own page
+            print(f"Background model load failed: {err.message}", flush=True)
+
+    threading.Thread(target=load, name="model-warm-up", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     why = "started with --replay-only" if args.replay_only else missing_runtime()
+    if not why and hub_models(args) and os.environ.get("SPECDEC_ALLOW_HUB_MODELS", "") != "1":
+        raise SystemExit(f"Refusing to serve hub models {', '.join(hub_models(args))}: set "
+                         "SPECDEC_ALLOW_HUB_MODELS=1 to allow model ids that are not presets or local files.")
     engine = None if why else real_engine(args.target, args.drafter, args.tf_drafter, args.device, args.dtype,
                                           args.drafter_dtype)
+    if engine is not None:
+        warm_up(engine)
     notice = f"Replay-only mode ({why}): no model is loaded here; pick a recorded run or load an exported one." \
         if why else ""
     print(f"Serving on http://{args.host}:{args.port} " + (f"in replay-only mode ({why})" if why else
-                                                          "(models load on the first request)"), flush=True)
+                                                          "(models are loading in the background)"), flush=True)
     build_app(engine, replay_only=notice).launch(server_name=args.host, server_port=args.port, show_error=True,
                                                  footer_links=["api", "gradio"],
                                                  theme=gr.themes.Default(primary_hue="blue"))

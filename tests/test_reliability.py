@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -121,6 +122,36 @@ def test_limits_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("SPECDEC_MAX_PROMPT_CHARS", "100")
     monkeypatch.setenv("SPECDEC_QUEUE_SIZE", "3")
     assert app.Limits.from_env() == app.Limits(32, 100, 3)
+
+
+def test_hub_model_ids_are_refused_unless_allowed(monkeypatch):
+    monkeypatch.delenv("SPECDEC_ALLOW_HUB_MODELS", raising=False)
+    with pytest.raises(SystemExit, match="someone/some-model.*SPECDEC_ALLOW_HUB_MODELS=1"):
+        app.main(["--target", "someone/some-model"])
+    assert app.hub_models(app.parse_args([])) == []  # the shipped presets need no permission
+    assert app.hub_models(app.parse_args(["--drafter", str(ROOT / "assets")])) == []  # nor a local folder
+
+
+def test_models_load_in_the_background_at_start():
+    loaded = threading.Event()
+    seen = {}
+
+    def prepare(config, progress):
+        seen.update(method=config.method, thread=threading.current_thread().name)
+        loaded.set()
+
+    engine = fake_engine()
+    app.warm_up(app.Engine(engine.make_config, prepare, engine.generate))
+    assert loaded.wait(10) and seen == {"method": "mamba-ucb", "thread": "model-warm-up"}
+
+
+def test_one_progress_indicator_where_the_answer_appears():
+    blocks = app.build_app(fake_engine())
+    config = blocks.get_config_file()
+    conversation = next(c["id"] for c in config["components"] if c.get("props", {}).get("elem_id") == "conversation")
+    model_events = [d for d in config["dependencies"] if d.get("api_name") in ("generate", "step", "compare")]
+    assert len(model_events) == 3
+    assert all(d["show_progress_on"] == [conversation] for d in model_events)
 
 
 @pytest.mark.parametrize("env", [{"HF_HUB_OFFLINE": "1"},
