@@ -155,11 +155,23 @@ def _from_pretrained(source: str, gguf_file: str | None, dtype: torch.dtype) -> 
         kwargs["attn_implementation"] = "sdpa"
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=False, **kwargs)
     kwargs.pop("attn_implementation", None)
+    if not _has_tokenizer(source, gguf_file):
+        return model, None  # a drafter folder without one uses its target's; check_vocab then compares sizes
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **kwargs)
     except (OSError, ValueError, TypeError):
-        tokenizer = None  # drafters may ship without one; their vocabulary is then checked by size
+        tokenizer = None  # a hub repo may ship without one; its vocabulary is then checked by size
     return model, tokenizer
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def _has_tokenizer(source: str, gguf_file: str | None) -> bool:
+    """Whether `source` can hold a tokenizer: a local folder only with a tokenizer file in it (transformers would
+    otherwise build an empty default tokenizer for the model type, which no target's vocabulary matches)."""
+    folder = Path(source)
+    return gguf_file is not None or not folder.is_dir() or any((folder / name).is_file() for name in TOKENIZER_FILES)
 
 
 def _resolve(spec: str) -> tuple[str, str | None]:

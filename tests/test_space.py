@@ -109,3 +109,14 @@ def test_the_export_refuses_a_run_made_for_a_larger_vocabulary(run, tmp_path):
     with pytest.raises(SystemExit, match=f"scores {VOCAB} tokens but the target's tokenizer has {VOCAB + 1}"):
         export(run[0], tmp_path / "drafter", SizedTokenizer(VOCAB + 1), run[1])
     assert not (tmp_path / "drafter").exists()
+
+
+def test_the_shipped_drafters_use_the_targets_tokenizer():
+    """The drafter folders carry no copy of the target's tokenizer (the tree stays light); they load without one."""
+    from specdec.models import TOKENIZER_FILES, Models
+
+    models = Models(device="cpu", dtype="float32")
+    for name, kind in (("mamba-smollm2", "mamba"), ("tf-smollm2", "transformer")):
+        assert not {p.name for p in (ROOT / "assets" / "drafters" / name).iterdir()} & set(TOKENIZER_FILES)
+        drafter = models.drafter(kind)
+        assert drafter.tokenizer is None and drafter.vocab_size == models.target.vocab_size

@@ -23,7 +23,7 @@ class TransformerDrafter(Drafter):
     name = "transformer"
 
     def __init__(self, model: PreTrainedModel, vocab_size: int, head_ids: torch.Tensor | None = None) -> None:
-        self.lm = TreeLM(model, head_ids)
+        self.lm = TreeLM(model, head_ids, row_invariant=False)  # q need not be row-invariant: one masked call
         self.vocab_size = vocab_size
         self.max_input_id = model.get_input_embeddings().num_embeddings - 1
 
