@@ -9,7 +9,7 @@ HOST ?= 127.0.0.1
 PORT ?= 7860
 SPACE_CACHE ?= /var/tmp/specdec-space
 
-.PHONY: demo test bench clean space-image space-smoke
+.PHONY: demo test clean space-image space-smoke gpu-check
 
 $(VENV)/.runtime: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,9 @@ space-image: $(VENV)/.runtime
 
 space-smoke: space-image
 	SPACE_CACHE=$(SPACE_CACHE) HF_HUB_OFFLINE=1 $(PY) scripts/space_smoke.py
+
+gpu-check: $(VENV)/.runtime  # on a CUDA machine; add --cpu for the dry run CI also runs
+	sh scripts/gpu_check.sh artifacts/gpu-check
 
 clean:
 	rm -rf $(VENV) .pytest_cache artifacts

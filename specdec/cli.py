@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 from specdec.config import BANDIT_SCOPES, DEFAULT_ARMS, METHODS, REWARDS, GenerationConfig
@@ -13,6 +14,7 @@ from specdec.records import RoundRecord, Summary
 
 DTYPE_HELP = ("target dtype: auto (bfloat16 on CUDA, and on a CPU whose bf16 matmuls are row-invariant, where it is "
               "exact; else float32), float32, bfloat16 or float16")
+NO_GRAPHS_HELP = "on CUDA, step the Mamba drafter eagerly instead of replaying CUDA graphs (SPECDEC_CUDA_GRAPHS=0)"
 DRAFTER_DTYPE_HELP = ("drafter dtype: auto (bfloat16 on a CPU with native bf16, else the target's), float32, "
                       "bfloat16 or float16")
 
@@ -38,6 +40,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     g.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     g.add_argument("--drafter-dtype", default="auto", help=DRAFTER_DTYPE_HELP)
+    g.add_argument("--no-cuda-graphs", action="store_true", help=NO_GRAPHS_HELP)
     g.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text, without the chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming the text")
     g.add_argument("--verbose", action="store_true", help="print one line per round to stderr")
@@ -112,6 +115,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--device", default="auto")
     b.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     b.add_argument("--drafter-dtype", default="auto", help=DRAFTER_DTYPE_HELP)
+    b.add_argument("--no-cuda-graphs", action="store_true", help=NO_GRAPHS_HELP)
     b.set_defaults(func=cmd_bench)
 
 
@@ -161,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     _add_generate(sub)
     _add_bench(sub)
     args = parser.parse_args(argv)
+    if args.no_cuda_graphs:
+        os.environ["SPECDEC_CUDA_GRAPHS"] = "0"  # read by the Mamba drafter (specdec/drafters/cuda_graph.py)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     try:
         return args.func(args)
