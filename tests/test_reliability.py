@@ -190,3 +190,41 @@ def test_local_models_load_without_any_network_access():
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "tried []"
+
+
+def answer_alone(client: Client, request: dict) -> dict:
+    return {**client.predict(**request, api_name="/complete"), "tokens_per_s": 0}
+
+
+@pytest.mark.parametrize("clients", [4, 8])
+def test_simultaneous_clients_each_get_what_they_get_alone(client, clients):
+    methods = ("mamba-ucb", "ar", "mamba-tree", "lookup-chain")
+    requests = [dict(prompt=f"Prompt number {i}", method=methods[i % 4], seed=i, max_new_tokens=8 + 4 * (i % 3),
+                     temperature=0.7 * (i % 2), tree="", arms="", lambda_ucb=0.1, reward="paper", lookup=True)
+                for i in range(clients)]
+    alone = [answer_alone(client, r) for r in requests]
+    jobs = [Client(client.src, verbose=False).submit(**r, api_name="/complete") for r in requests]
+    together = [{**job.result(timeout=60), "tokens_per_s": 0} for job in jobs]
+    assert together == alone
+
+
+def test_a_full_queue_refuses_in_one_sentence_and_recovers():
+    blocks = app.build_app(fake_engine(delay=0.1), limits=app.Limits(queue_size=2))
+    port = free_port()
+    blocks.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        clients = [Client(url, verbose=False) for _ in range(8)]  # connected first, so the 8 requests come at once
+        jobs = [c.submit("Hi", max_new_tokens=32, api_name="/complete") for c in clients]
+        outcomes = []
+        for job in jobs:
+            try:
+                outcomes.append(len(job.result(timeout=60)["token_ids"]))
+            except Exception as err:  # gradio_client's QueueError or AppError, whichever the version raises
+                outcomes.append(str(err))
+        refusals = [o for o in outcomes if isinstance(o, str)]
+        assert refusals and all("queue is full" in r.lower() for r in refusals)
+        assert outcomes.count(32) >= 2 and len(refusals) + outcomes.count(32) == 8
+        assert len(Client(url, verbose=False).predict("Hi", max_new_tokens=8, api_name="/complete")["token_ids"]) == 8
+    finally:
+        blocks.close()
