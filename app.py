@@ -417,15 +417,16 @@ def main(argv: list[str] | None = None) -> None:
                          "SPECDEC_ALLOW_HUB_MODELS=1 to allow model ids that are not presets or local files.")
     engine = None if why else real_engine(args.target, args.drafter, args.tf_drafter, args.device, args.dtype,
                                           args.drafter_dtype)
-    if engine is not None:
-        warm_up(engine)
     notice = f"Replay-only mode ({why}): no model is loaded here; pick a recorded run or load an exported one." \
         if why else ""
     print(f"Serving on http://{args.host}:{args.port} " + (f"in replay-only mode ({why})" if why else
                                                           "(models are loading in the background)"), flush=True)
-    build_app(engine, replay_only=notice).launch(server_name=args.host, server_port=args.port, show_error=True,
-                                                 footer_links=["api", "gradio"],
-                                                 theme=gr.themes.Default(primary_hue="blue"))
+    page = build_app(engine, replay_only=notice)
+    page.launch(server_name=args.host, server_port=args.port, show_error=True, footer_links=["api", "gradio"],
+                theme=gr.themes.Default(primary_hue="blue"), prevent_thread_lock=True)
+    if engine is not None:  # after the page is up: the loading thread's imports would hold up the server's
+        warm_up(engine)
+    page.block_thread()
 
 
 if __name__ == "__main__":
