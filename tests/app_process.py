@@ -23,7 +23,7 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_app(log_path: Path, seconds: float = 90, root: Path = ROOT) -> Iterator[str]:
+def running_app(log_path: Path, seconds: float = 180, root: Path = ROOT) -> Iterator[str]:
     """Yield the URL of a freshly started `root/app.py` (real default models); its output goes to `log_path`."""
     port = free_port()
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
