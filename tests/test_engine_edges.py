@@ -2,12 +2,11 @@
 limit with a Transformer drafter and with the lookup branch's depth, and prompt lookup's `find_continuation`."""
 
 import pytest
-from transformers import AutoTokenizer
 
 from specdec.config import GenerationConfig
 from specdec.drafters.lookup import find_continuation
 from specdec.engine import Detokenizer, generate
-from specdec.models import ASSETS, LoadedModel, Models
+from specdec.models import LoadedModel, Models
 from tests.test_engine import run
 from tests.tiny import tiny_llama
 
@@ -41,8 +40,8 @@ def test_eos_inside_an_accepted_draft_ends_the_output_right_after_it(self_draft_
 TEXT = "Café naïve 😀 世界 👍🏽, ok"
 
 
-def test_detokenizer_joins_characters_split_across_tokens():
-    tokenizer = AutoTokenizer.from_pretrained(ASSETS / "drafters" / "mamba-smollm2")  # the target's tokenizer
+def test_detokenizer_joins_characters_split_across_tokens(smollm2):
+    tokenizer = smollm2.target.tokenizer  # SmolLM2's byte-level BPE
     ids = tokenizer(TEXT)["input_ids"]
     assert any("\ufffd" in tokenizer.decode([i]) for i in ids)  # byte-level BPE splits some characters
     detok = Detokenizer(tokenizer)

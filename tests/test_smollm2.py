@@ -56,7 +56,7 @@ def test_the_shipped_drafters_are_loaded(smollm2):
     for kind, preset in (("mamba", "mamba-smollm2"), ("transformer", "tf-smollm2")):
         loaded = smollm2.drafter(kind)
         assert loaded.name == preset and loaded.source == str(ASSETS / "drafters" / preset)
-        assert loaded.tokenizer is not None and loaded.tokenizer.get_vocab() == smollm2.target.tokenizer.get_vocab()
+        assert loaded.vocab_size == smollm2.target.vocab_size and not loaded.source.startswith("random")
 
 
 def test_every_method_matches_transformers_greedy(smollm2, fast_threads):
