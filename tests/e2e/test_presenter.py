@@ -34,7 +34,8 @@ SUMMARY_RUN = "Summary with the lookup branch (greedy)"
 
 def missing(reason: str) -> None:
     """Skip on a developer machine; fail in CI, where the browser must be there."""
-    (pytest.fail if os.environ.get("CI") else pytest.skip)(reason)
+    required = os.environ.get("CI") or os.environ.get("SPECDEC_REQUIRE_BROWSER") == "1"  # as in test_browser.py
+    (pytest.fail if required else pytest.skip)(reason)
 
 
 @pytest.fixture(scope="module")
