@@ -97,14 +97,16 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """`auto`: bfloat16 on CUDA; on a CPU, bfloat16 where its bf16 matmuls are row-invariant (then the verifier's
-    logits are bitwise those of single decode steps, see `specdec.kvcache`), float32 elsewhere."""
+    logits are bitwise those of single decode steps, see `specdec.kvcache`) and faster than float32 ones for a
+    decode step (both probed once per process), float32 elsewhere."""
     if dtype == "auto":
         if device.type == "cuda":
             return torch.bfloat16
-        from specdec.kvcache import bf16_is_row_invariant
+        from specdec.kvcache import bf16_is_faster, bf16_is_row_invariant
 
-        exact_bf16 = device.type == "cpu" and cpu_has_native_bf16() and bf16_is_row_invariant()
-        return torch.bfloat16 if exact_bf16 else torch.float32
+        fast_exact_bf16 = device.type == "cpu" and cpu_has_native_bf16() and bf16_is_row_invariant() \
+            and bf16_is_faster()
+        return torch.bfloat16 if fast_exact_bf16 else torch.float32
     if dtype not in _DTYPES:
         raise ModelLoadError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
     return _DTYPES[dtype]
