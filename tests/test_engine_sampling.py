@@ -13,7 +13,7 @@ from specdec.engine import generate
 from specdec.models import LoadedModel, Models
 from tests.test_engine import PROMPT, _chi_square
 
-N_NEW, RUNS = 2, 1000  # 36 cells over V = 6; enough runs for every well-filled cell
+N_NEW, RUNS = 2, 400  # 36 cells over V = 6 (sparse ones pooled); the bug controls reject at p < 1e-20 with 250
 
 
 def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -104,7 +104,7 @@ def test_cli_json(fast_threads):
     (["--prompt", "hi", "--max-new-tokens", "-5"], "max_new_tokens"),
     (["--prompt", "hi", "--max-new-tokens", "100000000"], "max_new_tokens"),
     (["--prompt", "hi", "--method", "mamba-tree", "--tree", "3,,1"], "malformed tree shape"),
-    (["--prompt", "hi", "--target", "nobody/no-such-model"], "could not load model 'nobody/no-such-model'"),
+    (["--prompt", "hi", "--target", "nobody/no-such-model"], "model 'nobody/no-such-model' cannot be loaded"),
     (["--prompt", "hi", "--target", "no-such-preset"], "unknown model 'no-such-preset'"),
 ])
 def test_cli_errors_are_one_clear_line(args, message):
