@@ -287,9 +287,9 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
 
 
 def verifier_layout(models: Models) -> str:
-    from specdec.engine import make_verifier
+    from specdec.kvcache import row_invariant_by_default
 
-    return "row-invariant" if make_verifier(models.target.model).row_invariant else "block"
+    return "row-invariant" if row_invariant_by_default(models.device) else "block"
 
 
 def machine_description() -> str:

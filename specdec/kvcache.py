@@ -230,6 +230,11 @@ def bf16_is_faster(repeats: int = 20) -> bool:
     return seconds[torch.bfloat16] < seconds[torch.float32]
 
 
+def row_invariant_by_default(device: torch.device) -> bool:
+    """The verifier's attention layout where none is asked for: row-invariant on CPU, one masked call elsewhere."""
+    return device.type == "cpu"
+
+
 class TreeLM:
     """Wraps a Hugging Face causal LM; one sequence (batch 1) per instance."""
 
@@ -252,7 +257,7 @@ class TreeLM:
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self.row_invariant = self.device.type == "cpu" if row_invariant is None else row_invariant
+        self.row_invariant = row_invariant_by_default(self.device) if row_invariant is None else row_invariant
         self.head_ids = head_ids.to(self.device) if head_ids is not None else None
         self.pad_blocks = pad_blocks or {}
         self.vocab_size = model.get_output_embeddings().weight.shape[0]

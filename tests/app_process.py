@@ -25,11 +25,19 @@ def free_port() -> int:
 @contextmanager
 def running_app(log_path: Path, seconds: float = 180, root: Path = ROOT) -> Iterator[str]:
     """Yield the URL of a freshly started `root/app.py` (real default models); its output goes to `log_path`."""
+    with app_process(log_path, seconds, root) as (url, _):
+        yield url
+
+
+@contextmanager
+def app_process(log_path: Path, seconds: float = 180, root: Path = ROOT,
+                args: tuple[str, ...] = ()) -> Iterator[tuple[str, int]]:
+    """Yield (URL, pid) of a freshly started `root/app.py *args` once it answers; always stop it afterwards."""
     port = free_port()
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
     with log_path.open("w") as log:
-        proc = subprocess.Popen([sys.executable, str(root / "app.py"), "--port", str(port)], cwd=root, env=env,
-                                stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([sys.executable, str(root / "app.py"), *args, "--port", str(port)], cwd=root,
+                                env=env, stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}/"
         try:
             deadline = time.monotonic() + seconds
@@ -42,7 +50,7 @@ def running_app(log_path: Path, seconds: float = 180, root: Path = ROOT) -> Iter
                     pass
                 assert time.monotonic() < deadline, f"app.py did not answer on {url} within {seconds} s"
                 time.sleep(0.5)
-            yield url
+            yield url, proc.pid
         finally:
             proc.terminate()
             try:

@@ -11,6 +11,7 @@ from specdec.engine import generate, make_verifier
 from specdec.kvcache import MAX_INVARIANT_ROWS, TreeLM, bf16_is_row_invariant
 from specdec.models import Models
 from specdec.tree import TreeShape
+from tests.test_kvcache import _branch
 from tests.tiny import tiny_llama
 
 needs_bf16 = pytest.mark.skipif(not bf16_is_row_invariant(), reason="this CPU's bf16 matmuls are not row-invariant")
@@ -23,14 +24,6 @@ def smollm2_bf16() -> Models:
     models.load()
     yield models
     torch.set_num_threads(1)
-
-
-def _branch(parents: list[int], node: int) -> list[int]:
-    path = []
-    while node >= 0:
-        path.append(node)
-        node = parents[node]
-    return path[::-1]
 
 
 def _stepwise(base: TreeLM, tokens: list[int], parents: list[int]) -> dict[int, torch.Tensor]:

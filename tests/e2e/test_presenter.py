@@ -9,17 +9,13 @@ Screenshots go to artifacts/presenter-*.png and artifacts/replay-*.png.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 import app
 from demo.replay import load_replay
-from tests.app_process import free_port
+from tests.app_process import app_process, free_port
 from tests.test_app_client import fake_engine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,28 +58,9 @@ def live_url():
 @pytest.fixture(scope="module")
 def replay_app(tmp_path_factory):
     """`python app.py --replay-only` in its own process: (url, pid)."""
-    port = free_port()
     log = tmp_path_factory.mktemp("replay") / "app.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--replay-only", "--port", str(port)],
-                                cwd=ROOT, env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}, stdout=out,
-                                stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}/"
-        try:
-            deadline = time.monotonic() + 90
-            while True:
-                assert proc.poll() is None, f"app.py exited early:\n{log.read_text()}"
-                try:
-                    if httpx.get(url, timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert time.monotonic() < deadline, f"app.py did not answer on {url}"
-                time.sleep(0.5)
-            yield url, proc.pid
-        finally:
-            proc.terminate()
-            proc.wait(timeout=15)
+    with app_process(log, seconds=90, args=("--replay-only",)) as (url, pid):
+        yield url, pid
 
 
 def open_page(browser, url: str, size: tuple[int, int]):
