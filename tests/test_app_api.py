@@ -83,5 +83,5 @@ def test_real_complete_equals_the_cli_token_for_token(tmp_path):
     with running_app(tmp_path / "app.log") as url:
         answer = Client(url, verbose=False).predict(prompt, max_new_tokens=n, api_name="/complete")
     expected = cli_answer(prompt, n)
+    assert answer["dtype"] == expected["extra"]["dtype"]  # `auto` is probed once per machine, not per process
     assert answer["token_ids"] == expected["token_ids"] and answer["text"] == expected["text"]
-    assert answer["dtype"] == expected["extra"]["dtype"] and len(answer["token_ids"]) >= 1

@@ -77,3 +77,24 @@ def test_the_cli_says_which_drafter_is_missing(no_drafters, capsys, method, pres
     errors = [line for line in err.splitlines() if line.startswith("error: ")]
     assert errors == [f"error: preset '{preset}' is missing its folder {no_drafters / 'drafters' / preset}; "
                       "restore the repository's assets/ folder or pass another model"]
+
+
+def test_the_cpu_auto_dtype_is_probed_once_and_kept(monkeypatch, tmp_path):
+    """`auto` decides which tokens greedy prints, so a noisy timing must not flip it between processes."""
+    import specdec.kvcache as kvcache
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(models_module, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(kvcache, "bf16_is_row_invariant", lambda: True)
+    speedups = iter([1.5, 0.9])
+    monkeypatch.setattr(kvcache, "bf16_step_speedup", lambda: next(speedups))
+    assert models_module.resolve_dtype("auto", CPU) == torch.bfloat16
+    assert models_module.resolve_dtype("auto", CPU) == torch.bfloat16  # kept: not probed again
+    assert next(speedups) == 0.9
+    (tmp_path / "cpu-dtype.json").unlink()
+    monkeypatch.setattr(kvcache, "bf16_step_speedup", lambda: models_module.BF16_MIN_SPEEDUP - 0.01)
+    assert models_module.resolve_dtype("auto", CPU) == torch.float32  # a near tie keeps float32
+    monkeypatch.setattr(kvcache, "bf16_is_row_invariant", lambda: False)
+    (tmp_path / "cpu-dtype.json").unlink()
+    monkeypatch.setattr(kvcache, "bf16_step_speedup", lambda: 3.0)
+    assert models_module.resolve_dtype("auto", CPU) == torch.float32  # fast but not exact: float32
