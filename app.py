@@ -9,6 +9,7 @@ machine without torch) serves the Replay tab alone: recorded runs played back wi
 from __future__ import annotations
 
 import argparse
+import asyncio
 import functools
 import importlib.util
 import math
@@ -42,6 +43,7 @@ ROOT = Path(__file__).resolve().parent
 EXPORTS = Path(tempfile.gettempdir()) / "specdec-exports"
 RUNS = ROOT / "assets" / "runs"  # recorded runs offered in the Replay tab (scripts/record_runs.py)
 PLOT_EVERY_S = 1.0  # plots are re-drawn at most this often while streaming; text and tree every round batch
+CANCEL_WAIT_S = 2.0  # a cancelled `complete` waits this long for its engine run to end (a round takes far less)
 
 
 @dataclass(frozen=True)
@@ -169,8 +171,32 @@ def checked_prompt(prompt: str | None, limits: Limits = Limits()) -> str:
     return text
 
 
+class OpenRuns:
+    """How many engine runs are open (started and not yet ended, failed or closed): 0 whenever the app is idle."""
+
+    def __init__(self) -> None:
+        self.count, self._lock = 0, threading.Lock()
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self.count += 1
+
+    def __exit__(self, *exc) -> None:
+        with self._lock:
+            self.count -= 1
+
+    def track(self, events: Iterator) -> Iterator:
+        """`events`, counted from its first step until it ends, fails or is closed."""
+        with self:
+            yield from events
+
+
 def wire_live(engine: Engine, live: dict, session: gr.State, outputs: list, limits: Limits) -> None:
     """The Live tab's events; every handler is a generator of UI updates over one session's `Session`."""
+    runs = OpenRuns()
+
+    def generate(models, prompt, config, stop, memory) -> Iterator:
+        return runs.track(engine.generate(models, prompt, config, stop, memory))
 
     def begin(prompt, settings, session):
         """Start a fresh run in `session`; show the prompt and a loading line at once, before anything slow."""
@@ -211,8 +237,7 @@ def wire_live(engine: Engine, live: dict, session: gr.State, outputs: list, limi
     @functools.partial(page_handler, limits=limits)
     def run(prompt, settings, session, progress):
         config, models = yield from opening(prompt, settings, session, progress)
-        yield from stream(session, engine.generate(models, session.prompt, config, session.stop,
-                                                   session.memory))
+        yield from stream(session, generate(models, session.prompt, config, session.stop, session.memory))
         yield finish(session)
 
     @functools.partial(page_handler, limits=limits)
@@ -226,11 +251,11 @@ def wire_live(engine: Engine, live: dict, session: gr.State, outputs: list, limi
             return gr.HTML(compare_html(base.rounds, base.summary, session.rounds, session.summary, label),
                            visible=True)
 
-        baseline_run = engine.generate(models, base.prompt, base_config, session.stop, session.memory)
+        baseline_run = generate(models, base.prompt, base_config, session.stop, session.memory)
         yield from stream(base, baseline_run, panel)
         session.baseline = base.summary
         if not session.stop.is_set():
-            method_run = engine.generate(models, session.prompt, config, session.stop, session.memory)
+            method_run = generate(models, session.prompt, config, session.stop, session.memory)
             yield from stream(session, method_run, panel)
         yield finish(session, panel)
 
@@ -238,7 +263,7 @@ def wire_live(engine: Engine, live: dict, session: gr.State, outputs: list, limi
     def step(prompt, settings, session, progress):
         if session.stepper is None or session.settings != settings or session.prompt != (prompt or "").strip():
             config, models = yield from opening(prompt, settings, session, progress)
-            session.stepper = engine.generate(models, session.prompt, config, session.stop, session.memory)
+            session.stepper = generate(models, session.prompt, config, session.stop, session.memory)
         try:
             session.add(next(session.stepper))
         except ValueError as err:
@@ -265,23 +290,40 @@ def wire_live(engine: Engine, live: dict, session: gr.State, outputs: list, limi
     live["compare"].click(compare, inputs, outputs, api_name="compare", **model_work)
     live["stop"].click(stop, session, None, api_name="stop", queue=False)
 
-    def complete(prompt: str, method: str = "mamba-ucb", temperature: float = 0.0, max_new_tokens: int = 96,
-                 seed: int = 0, tree: str | None = None, arms: str | None = None, lambda_ucb: float = 0.1,
-                 reward: str = "paper", lookup: bool = True) -> dict:
+    def answer(prompt: str, settings: dict, stop: threading.Event) -> dict:
+        """Load, decode to the end (or to `stop`) and return `plain_answer`; runs in a worker thread, counted open
+        from the start (a cancel during the models' load leaves it open until the load ends)."""
+        with runs:
+            config, models = setup(settings, lambda fraction, desc=None: None)
+            summary = None
+            try:
+                for event in engine.generate(models, prompt, config, stop, {}):
+                    summary = event if isinstance(event, Summary) else summary
+            except ValueError as err:
+                raise gr.Error(str(err)) from err
+        return plain_answer(summary)
+
+    async def complete(prompt: str, method: str = "mamba-ucb", temperature: float = 0.0, max_new_tokens: int = 96,
+                       seed: int = 0, tree: str | None = None, arms: str | None = None, lambda_ucb: float = 0.1,
+                       reward: str = "paper", lookup: bool = True) -> dict:
         """Decode `prompt` to the end and return the answer as JSON: text, token ids and the run's figures."""
         settings = settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup,
                                limits)
-        prompt = checked_prompt(prompt, limits)
-        config, models = setup(settings, lambda fraction, desc=None: None)
-        summary = None
+        stop = threading.Event()
+        worker = asyncio.ensure_future(asyncio.to_thread(answer, checked_prompt(prompt, limits), settings, stop))
         try:
-            for event in engine.generate(models, prompt, config, threading.Event(), {}):
-                summary = event if isinstance(event, Summary) else summary
-        except ValueError as err:
-            raise gr.Error(str(err)) from err
-        return plain_answer(summary)
+            return await asyncio.shield(worker)
+        except asyncio.CancelledError:  # the client cancelled: the engine ends at its next round; let it
+            stop.set()
+            await asyncio.wait({worker}, timeout=CANCEL_WAIT_S)
+            raise
+
+    def status() -> dict:
+        """Engine runs open in this process: 0 when idle; a cancelled or stopped run closes within one round."""
+        return {"engine_runs": runs.count}
 
     gr.api(complete, api_name="complete", concurrency_limit=1, concurrency_id="model")
+    gr.api(status, api_name="status", queue=False)
 
 
 def plain_answer(summary: Summary) -> dict:

@@ -1,10 +1,11 @@
 """Soak the app: many `complete` requests against one `python app.py` process, printing its RSS and per-round latency.
 
-    .venv/bin/python scripts/soak.py --rounds 1000 [--port 7861] [--max-new-tokens 96]
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/soak.py --rounds 1000 [--max-new-tokens 32] [--warm-up 8]
 
-One line per request (request number, rounds so far, server RSS in MB, mean ms per round of that request), then
-a verdict: RSS growth after the warm-up request and the slope of per-round latency over the run. Take its figures
-on a quiet machine only: other load changes both.
+Requests cycle through prompts and methods, greedy and sampled, a new seed each. One line per request (request
+number, rounds so far, server RSS in MB, mean ms per round of that request: its wall time over its rounds), then a
+verdict: RSS after the warm-up requests against the end, and per-round latency in the first and last tenth of the
+rounds after the warm-up. Take its figures on a quiet machine only: other load changes both.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -34,11 +37,17 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
-def start_app(port: int) -> subprocess.Popen:
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_app(port: int, seconds: float = 300) -> subprocess.Popen:
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port)], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/", timeout=2).status_code == 200:
@@ -46,37 +55,39 @@ def start_app(port: int) -> subprocess.Popen:
         except httpx.HTTPError:
             time.sleep(0.5)
     proc.kill()
-    raise SystemExit(f"app.py did not answer on port {port} within 120 s")
+    raise SystemExit(f"app.py did not answer on port {port} within {seconds:.0f} s")
 
 
-def slope(values: list[float]) -> float:
-    """Least-squares slope of `values` against their index (units per request)."""
-    n = len(values)
-    mean_x, mean_y = (n - 1) / 2, sum(values) / n
-    num = sum((i - mean_x) * (v - mean_y) for i, v in enumerate(values))
-    den = sum((i - mean_x) ** 2 for i in range(n))
-    return num / den if den else 0.0
+def decile_means(per_round_ms: list[float]) -> tuple[float, float]:
+    """Mean latency of the first and of the last tenth of `per_round_ms` (one value per round, in order)."""
+    tenth = max(len(per_round_ms) // 10, 1)
+    return statistics.fmean(per_round_ms[:tenth]), statistics.fmean(per_round_ms[-tenth:])
 
 
-def soak(port: int, rounds: int, max_new_tokens: int) -> None:
-    proc = start_app(port)
+def soak(rounds: int, max_new_tokens: int, warm_up: int) -> None:
+    proc = start_app(port := free_port())
     try:
         client = Client(f"http://127.0.0.1:{port}/", verbose=False)
-        total, rss, per_round = 0, [], []
-        requests = zip(itertools.cycle(PROMPTS), itertools.cycle(METHODS))
-        for n, (prompt, method) in enumerate(requests, start=1):
-            started = time.perf_counter()
-            answer = client.predict(prompt, method=method, max_new_tokens=max_new_tokens, seed=n,
-                                    api_name="/complete")
-            ms = (time.perf_counter() - started) * 1000 / max(answer["rounds"], 1)
-            total += answer["rounds"]
+        total, rss, per_round = 0, [], []  # per_round: each request's mean ms per round, once per round it ran
+        started = time.monotonic()
+        requests = zip(itertools.cycle(PROMPTS), itertools.cycle(METHODS), itertools.cycle((0.0, 0.0, 0.8)))
+        for n, (prompt, method, temperature) in enumerate(requests, start=1):
+            began = time.perf_counter()
+            answer = client.predict(prompt, method=method, temperature=temperature, max_new_tokens=max_new_tokens,
+                                    seed=n, api_name="/complete")
+            ms = (time.perf_counter() - began) * 1000 / max(answer["rounds"], 1)
             rss.append(rss_mb(proc.pid))
-            per_round.append(ms)
+            if n > warm_up:
+                total += answer["rounds"]
+                per_round += [ms] * answer["rounds"]
             print(f"{n}\t{total}\t{rss[-1]:.1f}\t{ms:.1f}", flush=True)
             if total >= rounds:
                 break
-        print(f"requests {n}, rounds {total}; RSS after warm-up {rss[0]:.1f} MB -> {rss[-1]:.1f} MB "
-              f"(+{rss[-1] - rss[0]:.1f} MB); per-round latency slope {slope(per_round[1:]):+.3f} ms per request")
+        first, last = decile_means(per_round)
+        print(f"requests {n} ({warm_up} warm-up), rounds after warm-up {total}, {time.monotonic() - started:.0f} s; "
+              f"RSS after warm-up {rss[warm_up - 1]:.1f} MB -> end {rss[-1]:.1f} MB "
+              f"({rss[-1] - rss[warm_up - 1]:+.1f} MB; max {max(rss[warm_up - 1:]):.1f}); "
+              f"ms per round: first tenth {first:.1f}, last tenth {last:.1f} ({last / first - 1:+.0%})")
     finally:
         proc.terminate()
         proc.wait(timeout=15)
@@ -84,11 +95,11 @@ def soak(port: int, rounds: int, max_new_tokens: int) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=1000, help="stop after this many engine rounds in all")
-    p.add_argument("--port", type=int, default=7861)
-    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--rounds", type=int, default=1000, help="stop after this many engine rounds after the warm-up")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--warm-up", type=int, default=2 * len(METHODS), help="requests before RSS is taken (>= 1)")
     args = p.parse_args()
-    soak(args.port, args.rounds, args.max_new_tokens)
+    soak(args.rounds, args.max_new_tokens, max(args.warm_up, 1))
 
 
 if __name__ == "__main__":

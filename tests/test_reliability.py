@@ -228,3 +228,27 @@ def test_a_full_queue_refuses_in_one_sentence_and_recovers():
         assert len(Client(url, verbose=False).predict("Hi", max_new_tokens=8, api_name="/complete")["token_ids"]) == 8
     finally:
         blocks.close()
+
+
+@pytest.mark.parametrize("endpoint", ["/complete", "/generate"])
+def test_a_cancelled_request_closes_its_engine_run_within_a_round(endpoint):
+    """A client's `Job.cancel()` mid-run: the app's open engine runs (`/status`) drop to 0 at once, not when the
+    512-token run would have ended (about 10 s of 20 ms rounds), and the next request works."""
+    blocks = app.build_app(fake_engine(delay=0.02), limits=app.Limits(max_new_tokens=512))
+    port = free_port()
+    blocks.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        job = client.submit("Hi", *{**ARGS, "max_new_tokens": 512}.values(), api_name=endpoint)
+        deadline = time.monotonic() + 30
+        while client.predict(api_name="/status")["engine_runs"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert client.predict(api_name="/status")["engine_runs"] == 1 and not job.done()
+        job.cancel()
+        cancelled = time.monotonic()
+        while client.predict(api_name="/status")["engine_runs"] and time.monotonic() - cancelled < 5:
+            time.sleep(0.01)
+        assert client.predict(api_name="/status")["engine_runs"] == 0 and time.monotonic() - cancelled < 2
+        assert len(client.predict("Hi", max_new_tokens=8, api_name="/complete")["token_ids"]) == 8
+    finally:
+        blocks.close()

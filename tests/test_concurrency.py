@@ -1,0 +1,82 @@
+"""Simultaneous clients against a real `python app.py` (the default models) started with SPECDEC_QUEUE_SIZE=8:
+4 and then 8 requests at once with different prompts, methods and seeds, greedy and sampled, each get what the
+same request gets alone; two browser sessions running at once each keep their own bandit; more requests than the
+queue holds are refused in one sentence and the app keeps serving."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from gradio_client import Client
+
+from tests.app_process import app_process
+
+QUEUE_SIZE = 8
+PROMPTS = ("Explain speculative decoding.", "Name three colours.", "Write a haiku about rivers.",
+           "def fibonacci(n):", "Summarise: the cat sat on the mat because the mat was warm.",
+           "请用中文解释推测解码。", "Why is the sky blue?", "List the planets of the solar system.")
+METHODS = ("mamba-ucb", "mamba-tree", "lookup-chain", "ar", "mamba-chain")
+REQUESTS = [dict(prompt=PROMPTS[i], method=METHODS[i % len(METHODS)], temperature=0.8 * (i % 2), seed=100 + i,
+                 max_new_tokens=12 + 2 * (i % 3)) for i in range(8)]
+PAGE = dict(method="mamba-ucb", temperature=0.0, max_new_tokens=16, seed=0, tree="", arms="", lambda_ucb=0.1,
+            reward="paper", lookup=True)  # the order of the `generate` inputs
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SPECDEC_QUEUE_SIZE", str(QUEUE_SIZE))
+        with app_process(tmp_path_factory.mktemp("app") / "app.log") as (url, _):
+            yield url
+
+
+@pytest.fixture(scope="module")
+def alone(url) -> list[dict]:
+    """Each request's answer when it is the only one (tokens/s left out: it is a timing)."""
+    client = Client(url, verbose=False)
+    return [{**client.predict(**r, api_name="/complete"), "tokens_per_s": 0} for r in REQUESTS]
+
+
+@pytest.mark.parametrize("clients", [4, 8])
+def test_simultaneous_clients_each_get_what_they_get_alone(url, alone, clients):
+    sessions = [Client(url, verbose=False) for _ in range(clients)]  # connected first, so the requests come at once
+    jobs = [session.submit(**r, api_name="/complete") for session, r in zip(sessions, REQUESTS, strict=False)]
+    together = [{**job.result(timeout=600), "tokens_per_s": 0} for job in jobs]
+    assert together == alone[:clients]
+    assert {a["method"] for a in together} >= {"mamba-ucb", "ar"} and len({a["text"] for a in together}) == clients
+
+
+def bandit_pulls(final: list) -> tuple[list[int], list[int]]:
+    """Total bandit pulls after each round of a `generate` run, and its token ids, read from its export."""
+    export = json.loads(Path(final[-1]["value"]).read_text(encoding="utf-8"))
+    return [sum(arm["pulls"] for arm in r["bandit"]["arms"]) for r in export["rounds"]], export["summary"]["token_ids"]
+
+
+def test_each_browser_session_keeps_its_own_bandit(url):
+    alice, bob = Client(url, verbose=False), Client(url, verbose=False)
+    alices = alice.submit("Explain speculative decoding.", *PAGE.values(), api_name="/generate")
+    bobs = bob.submit("Explain speculative decoding.", *PAGE.values(), api_name="/generate")  # at the same time
+    (alice_pulls, alice_ids), (bob_pulls, bob_ids) = bandit_pulls(alices.result(600)), bandit_pulls(bobs.result(600))
+    again = alice.submit("Explain speculative decoding.", *PAGE.values(), api_name="/generate")
+    alice_again, alice_again_ids = bandit_pulls(again.result(600))
+    assert alice_pulls == list(range(1, len(alice_pulls) + 1))  # a fresh bandit: one pull per round
+    assert bob_pulls == list(range(1, len(bob_pulls) + 1))  # bob's starts fresh though alice's ran next to it
+    assert alice_again == list(range(len(alice_pulls) + 1, len(alice_pulls) + len(alice_again) + 1))  # and goes on
+    assert alice_ids == bob_ids == alice_again_ids  # greedy: the bandit changes the trees, never the text
+
+
+def test_a_full_queue_refuses_in_one_sentence_and_recovers(url):
+    clients = [Client(url, verbose=False) for _ in range(QUEUE_SIZE + 6)]
+    jobs = [c.submit("Hi", method="ar", max_new_tokens=8, api_name="/complete") for c in clients]
+    outcomes = []
+    for job in jobs:
+        try:
+            outcomes.append(len(job.result(timeout=600)["token_ids"]))
+        except Exception as err:  # gradio_client's QueueError or AppError, whichever the version raises
+            outcomes.append(f"{type(err).__name__}: {err}")
+    refusals = [o for o in outcomes if isinstance(o, str)]
+    assert refusals and all(r == "QueueError: Queue is full! Please try again." for r in refusals), refusals
+    assert outcomes.count(8) >= QUEUE_SIZE and len(refusals) + outcomes.count(8) == len(jobs)
+    assert len(Client(url, verbose=False).predict("Hi", max_new_tokens=8, api_name="/complete")["token_ids"]) == 8
