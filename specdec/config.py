@@ -11,7 +11,7 @@ MAX_NEW_TOKENS = 4096
 
 @dataclass(frozen=True)
 class Method:
-    drafter: str  # "mamba" | "transformer" | "lookup" | "none"
+    drafter: str  # "mamba" | "mamba-feat" | "transformer" | "lookup" | "none"
     policy: str  # "none" | "chain" | "tree" | "ucb"
     default_tree: str | None
     description: str
@@ -19,8 +19,10 @@ class Method:
     @property
     def has_model(self) -> bool:
         """Whether the drafter is a trained model (Mamba or Transformer), not prompt lookup or nothing."""
-        return self.drafter in ("mamba", "transformer")
+        return self.drafter in MODEL_DRAFTERS
 
+
+MODEL_DRAFTERS = ("mamba", "mamba-feat", "transformer")  # drafter kinds that are trained models
 
 # Default shapes are sized for a CPU, where one verification pass over 4-9 tokens costs 1.4-1.7 target steps
 # (see `kvcache.CPU_BLOCK_PADDING`); "0" is a plain target step, for when drafting does not pay.
@@ -31,6 +33,12 @@ METHODS: dict[str, Method] = {
     "mamba-chain": Method("mamba", "chain", "4", "Mamba drafter, a single chain of draft tokens"),
     "mamba-tree": Method("mamba", "tree", "2,1,1", "Mamba drafter, a fixed tree shape"),
     "mamba-ucb": Method("mamba", "ucb", None, "Mamba drafter, tree shape chosen each round by a UCB bandit"),
+    "mamba-feat-chain": Method("mamba-feat", "chain", "4",
+                               "Mamba drafter reading the target's hidden state, a single chain"),
+    "mamba-feat-tree": Method("mamba-feat", "tree", "2,1,1",
+                              "Mamba drafter reading the target's hidden state, a fixed tree shape"),
+    "mamba-feat-ucb": Method("mamba-feat", "ucb", None,
+                             "Mamba drafter reading the target's hidden state, tree shape chosen by a UCB bandit"),
     "tf-chain": Method("transformer", "chain", "4", "small Transformer drafter, a single chain"),
     "tf-tree": Method("transformer", "tree", "2,1,1", "small Transformer drafter, a fixed tree shape"),
     "lookup-chain": Method("lookup", "chain", "4", "prompt lookup: copy what followed the last n-gram match"),

@@ -16,13 +16,15 @@ import torch
 
 from specdec.bandit import UCBBandit
 from specdec.config import GenerationConfig
-from specdec.drafters import Drafter, LookupBranch, LookupDrafter, MambaDrafter, NoDrafter, Sampler, TransformerDrafter
+from specdec.drafters import (Drafter, LookupBranch, LookupDrafter, MambaDrafter, MambaFeatDrafter, NoDrafter, Sampler,
+                              TransformerDrafter)
 from specdec.drafters.base import DraftTree
 from specdec.kvcache import CPU_BLOCK_PADDING, TreeLM
 from specdec.models import Models
 from specdec.records import BanditSnapshot, EmittedToken, RoundRecord, Summary, TreeNode
 from specdec.sampling import Acceptance, accept_greedy, accept_sampling, logits_to_probs
 from specdec.tree import TreeShape
+from specdec.vocab import load_draft_vocab
 
 
 def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
@@ -45,6 +47,8 @@ def make_drafter(models: Models, kind: str) -> Drafter:
     loaded = models.drafter(kind)
     if kind == "mamba":
         return MambaDrafter.from_folder(loaded.model, vocab_size, loaded.source)
+    if kind == "mamba-feat":
+        return MambaFeatDrafter(loaded.model, models.target.model, load_draft_vocab(loaded.source))
     return TransformerDrafter.from_folder(loaded.model, vocab_size, loaded.source)
 
 
@@ -125,7 +129,7 @@ def generate(models: Models, prompt: str, config: GenerationConfig, stop: thread
         max_depth = max(max_depth, config.lookup_branch)
     kind = config.spec.drafter
     limits = [getattr(target.model.config, "max_position_embeddings", None)]
-    if kind == "transformer":  # a Mamba drafter has no context limit
+    if kind == "transformer":  # a Mamba drafter (either kind) has no context limit
         limits.append(getattr(models.drafter(kind).model.config, "max_position_embeddings", None))
     limit = min((x for x in limits if x), default=None)
     if limit and len(prompt_ids) + config.max_new_tokens + max_depth + 1 > limit:
@@ -152,7 +156,8 @@ def generate(models: Models, prompt: str, config: GenerationConfig, stop: thread
     t0 = time.perf_counter()
     if len(prompt_ids) > 1:
         verifier.prefill(prompt_ids[:-1])  # the last prompt token is the first round's root
-    drafter.start(prompt_ids, max(s.num_drafted for s in shapes))
+    features = {"features": verifier.hidden} if drafter.uses_features else {}  # the target's, at prompt[:-1]
+    drafter.start(prompt_ids, max(s.num_drafted for s in shapes), **features)
     _sync(device)
     prefill_ms = (time.perf_counter() - t0) * 1e3
 
@@ -176,7 +181,8 @@ def generate(models: Models, prompt: str, config: GenerationConfig, stop: thread
         t_verify = time.perf_counter()
         acc = _accept(tree, logits, config, generator, p)
         verifier.commit(acc.path)
-        drafter.commit(acc.path, acc.next_token)
+        features = {"features": verifier.hidden[acc.path]} if drafter.uses_features else {}  # root, accepted
+        drafter.commit(acc.path, acc.next_token, **features)
         _sync(device)
         round_s = time.perf_counter() - t_round
 

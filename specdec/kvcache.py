@@ -274,6 +274,7 @@ class TreeLM:
         self.depths: list[int] = []  # 0 for entries attached to the prefix
         self.paths: list[list[int]] = []  # each entry's branch in the region, root first
         self.padding = 0  # throw-away entries at the end of the region
+        self.hidden: torch.Tensor | None = None  # [n, D] the last hidden state of each token of the last pass
 
     @property
     def length(self) -> int:
@@ -298,11 +299,15 @@ class TreeLM:
             self.depths.append(0 if parent < 0 else self.depths[parent] + 1)
             self.paths.append([*(self.paths[parent] if parent >= 0 else []), start + i])
         chunk = MAX_INVARIANT_ROWS if self.row_invariant else len(tokens)  # more rows: not row-invariant
-        logits = [self._forward(tokens[i: i + chunk], start + i) for i in range(0, len(tokens), chunk)]
+        logits, hidden = zip(*(self._forward(tokens[i: i + chunk], start + i) for i in range(0, len(tokens), chunk)))
+        self.hidden = torch.cat(hidden)[:n]  # [n, D]
         return torch.cat(logits)[:n]  # [n, V]
 
-    def _forward(self, tokens: list[int], start: int, prefill: bool = False) -> torch.Tensor:
-        """One model pass over region entries `start:start + len(tokens)`. -> logits [len(tokens), V]."""
+    def _forward(self, tokens: list[int], start: int, prefill: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """One model pass over region entries `start:start + len(tokens)`.
+
+        -> (logits [len(tokens), V], the last hidden states [len(tokens), D] the output layer scored).
+        """
         end = start + len(tokens)
         ids = torch.tensor([tokens], device=self.device)  # [1, n]
         positions = torch.tensor([[self.length + d for d in self.depths[start:end]]], device=self.device)  # [1, n]
@@ -315,13 +320,13 @@ class TreeLM:
                                padding_from)
         inputs = dict(input_ids=ids, position_ids=positions, tree_kv=self.cache, use_cache=False)
         try:
-            if self.head_ids is None:
-                return self.model(**inputs).logits[0]  # [n, V]
-            h = self.model.base_model(**inputs).last_hidden_state[0]  # [n, d]
+            h = self.model.base_model(**inputs).last_hidden_state  # [1, n, D]
         finally:
             self.cache.step = None
-        scores = (h @ self.head_weight.T).float()  # [n, H]
-        return scatter_head(scores, self.head_ids, self.vocab_size)  # [n, V_model]
+        if self.head_ids is None:
+            return self.model.get_output_embeddings()(h)[0], h[0]  # as the model's own forward scores it
+        scores = (h[0] @ self.head_weight.T).float()  # [n, H]
+        return scatter_head(scores, self.head_ids, self.vocab_size), h[0]  # [n, V_model]
 
     @torch.inference_mode()
     def prefill(self, tokens: list[int]) -> torch.Tensor:
@@ -333,7 +338,7 @@ class TreeLM:
             raise ValueError("prefill needs an empty cache")
         self.parents, self.depths = list(range(-1, len(tokens) - 1)), list(range(len(tokens)))
         self.paths = [[]] * len(tokens)  # unused by the block layout
-        logits = self._forward(tokens, 0, prefill=True)
+        logits, self.hidden = self._forward(tokens, 0, prefill=True)
         self.commit(list(range(len(tokens))))
         return logits
 

@@ -23,6 +23,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_TARGET = "smollm2-135m-instruct"
 DEFAULT_MAMBA = "mamba-smollm2"
+DEFAULT_MAMBA_FEAT = "mamba-feat-smollm2"
 DEFAULT_TF = "tf-smollm2"
 
 
@@ -50,6 +51,10 @@ PRESETS: dict[str, Preset] = {
     "mamba-smollm2": Preset(
         "Mamba drafter distilled from SmolLM2-135M-Instruct", folder="drafters/mamba-smollm2",
         files=SHIPPED_DRAFTER_FILES,
+    ),
+    "mamba-feat-smollm2": Preset(
+        "Mamba drafter reading SmolLM2-135M-Instruct's hidden state (uses the target's embedding and output layer)",
+        folder="drafters/mamba-feat-smollm2", files=SHIPPED_DRAFTER_FILES,
     ),
     "tf-smollm2": Preset(
         "Llama-style drafter distilled from SmolLM2-135M-Instruct", folder="drafters/tf-smollm2",
@@ -324,8 +329,8 @@ class Models:
 
     def __init__(self, target: str = DEFAULT_TARGET, mamba_drafter: str = DEFAULT_MAMBA,
                  tf_drafter: str = DEFAULT_TF, device: str = "auto", dtype: str = "auto",
-                 drafter_dtype: str = "auto") -> None:
-        self.specs = {"target": target, "mamba": mamba_drafter, "transformer": tf_drafter}
+                 drafter_dtype: str = "auto", feat_drafter: str = DEFAULT_MAMBA_FEAT) -> None:
+        self.specs = {"target": target, "mamba": mamba_drafter, "transformer": tf_drafter, "mamba-feat": feat_drafter}
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.drafter_dtype = resolve_drafter_dtype(drafter_dtype, self.device, self.dtype)
@@ -334,14 +339,15 @@ class Models:
 
     @classmethod
     def from_loaded(cls, target: LoadedModel, mamba: LoadedModel | None = None,
-                    transformer: LoadedModel | None = None) -> Models:
+                    transformer: LoadedModel | None = None, feat: LoadedModel | None = None) -> Models:
         """Wrap models already in memory (tests, notebooks, the distillation pipeline)."""
         models = cls(target.name, mamba.name if mamba else DEFAULT_MAMBA,
-                     transformer.name if transformer else DEFAULT_TF, device=str(target.device), dtype="auto")
+                     transformer.name if transformer else DEFAULT_TF, device=str(target.device), dtype="auto",
+                     feat_drafter=feat.name if feat else DEFAULT_MAMBA_FEAT)
         models.dtype = next(target.model.parameters()).dtype
-        drafter = mamba or transformer
+        drafter = mamba or transformer or feat
         models.drafter_dtype = next(drafter.model.parameters()).dtype if drafter else models.dtype
-        loaded = {"target": target, "mamba": mamba, "transformer": transformer}
+        loaded = {"target": target, "mamba": mamba, "transformer": transformer, "mamba-feat": feat}
         models._loaded = {role: model for role, model in loaded.items() if model is not None}
         return models
 
@@ -354,7 +360,7 @@ class Models:
         return self.get("target")
 
     def drafter(self, kind: str, progress: Callable[[str], None] | None = None) -> LoadedModel:
-        if kind not in ("mamba", "transformer"):
+        if kind not in ("mamba", "mamba-feat", "transformer"):
             raise ValueError(f"no drafter model of kind {kind!r}")
         return self.get(kind, progress)
 
@@ -376,8 +382,42 @@ class Models:
             return loaded
         target = self._loaded.get("target") or self._load_locked("target", progress)
         self._loaded["target"] = target
+        if role == "mamba-feat":
+            return load_feat_drafter(spec, self.device, dtype, target)
         loaded = load_model(spec, self.device, dtype, vocab_size=target.vocab_size)
         if role == "mamba" and loaded.model.config.model_type != "mamba":
             raise ModelLoadError(f"drafter {spec!r} is a {loaded.model.config.model_type} model, not Mamba")
         check_vocab(target, loaded)
         return loaded
+
+
+def load_feat_drafter(spec: str, device: torch.device, dtype: torch.dtype, target: LoadedModel) -> LoadedModel:
+    """A `mamba-feat` drafter (`specdec.drafters.mamba_feat`) from a preset, a local folder or a hub id; it must
+    have been trained on `target`'s features (same hidden size, draft ids inside its vocabulary)."""
+    from specdec.drafters.mamba_feat import MambaFeatModel, is_feat_folder
+
+    preset = PRESETS.get(spec)
+    if preset and preset.folder:
+        folder = _preset_folder(spec, preset)
+    elif Path(spec).expanduser().is_dir():
+        folder = Path(spec).expanduser()
+    elif _HUB_ID.match(spec):
+        why = _hub_unreachable(spec)
+        if why:
+            raise ModelLoadError(f"model {spec!r} cannot be loaded: {why}")
+        from huggingface_hub import snapshot_download
+
+        folder = Path(snapshot_download(spec, allow_patterns=list(SHIPPED_DRAFTER_FILES)))
+    else:
+        raise ModelLoadError(f"unknown drafter {spec!r}: a mamba-feat drafter is a preset, a local folder or a hub id")
+    if not is_feat_folder(folder):
+        raise ModelLoadError(f"{spec!r} is not a mamba-feat drafter (its config.json has another model_type); "
+                             "train one with `python -m specdec.distill train --arch mamba-feat`")
+    try:
+        model = MambaFeatModel.load(folder)
+    except (OSError, ValueError, KeyError, RuntimeError) as err:
+        raise ModelLoadError(f"could not load drafter {spec!r}: {str(err).strip().splitlines()[0]}") from err
+    if model.config.target_hidden != target.model.config.hidden_size:
+        raise ModelLoadError(f"drafter {spec!r} reads features of width {model.config.target_hidden}, but target "
+                             f"{target.name!r} has hidden size {target.model.config.hidden_size}")
+    return LoadedModel(spec, model.to(device=device, dtype=dtype), None, str(folder))

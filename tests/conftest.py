@@ -10,17 +10,19 @@ import torch  # noqa: E402
 torch.set_num_threads(1)  # tiny models gain nothing from threads, and tests stay stable on a busy machine
 
 from specdec.models import LoadedModel, Models  # noqa: E402
-from tests.tiny import TinyTokenizer, tiny_llama, tiny_mamba  # noqa: E402
+from tests.tiny import TinyTokenizer, tiny_feat, tiny_llama, tiny_mamba  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def tiny_models() -> Models:
-    """Target: tiny Llama, V=6. Drafters: an unrelated tiny Mamba and an unrelated tiny Llama."""
+    """Target: tiny Llama, V=6. Drafters: an unrelated tiny Mamba, an unrelated tiny Llama, and a random tiny
+    Mamba reading the target's features."""
     tokenizer = TinyTokenizer(6)
     target = LoadedModel("tiny-target", tiny_llama(6, seed=1), tokenizer, "tiny")
     mamba = LoadedModel("tiny-mamba", tiny_mamba(6, seed=2), tokenizer, "tiny")
     transformer = LoadedModel("tiny-tf", tiny_llama(6, seed=3), tokenizer, "tiny")
-    return Models.from_loaded(target, mamba, transformer)
+    feat = LoadedModel("tiny-feat", tiny_feat(32, seed=12), None, "tiny")
+    return Models.from_loaded(target, mamba, transformer, feat)
 
 
 @pytest.fixture(scope="session")

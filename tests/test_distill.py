@@ -215,3 +215,46 @@ def test_coverage_of_the_draft_vocabulary(data):
 
     held_out = teacher.load_shards(data[0] / "teacher" / "responses" / "eval")
     assert coverage(held_out, torch.arange(VOCAB)) == 1.0
+
+
+def test_feature_drafter_trains_resumes_and_matches_the_engine_drafter(data, tmp_path):
+    """`--arch mamba-feat`: features beside every shard (the labelling pass keeps them too), training that
+    resumes, and a trained drafter whose teacher-forced path equals the engine's step-by-step drafting."""
+    from specdec.distill.feat import (add_features, features_path, guesses, label_text_with_features,
+                                      load_feat_run, train_feat)
+    from specdec.drafters.mamba_feat import MambaFeatDrafter
+
+    out, model, tokenizer = data
+    teacher_dir = tmp_path / "teacher"
+    label_text_with_features(model, tokenizer, out / "corpus", teacher_dir, window=32, batch_size=4, shard_windows=8,
+                             k=4)
+    text_shard = next((teacher_dir / "text").glob("shard_*.pt"))
+    with torch.no_grad():  # the kept features are the target's last hidden state of the same tokens
+        tokens = torch.load(text_shard, weights_only=False)["tokens"][:32].long()
+        expected = model.base_model(input_ids=tokens[None]).last_hidden_state[0]
+    assert torch.allclose(torch.load(features_path(text_shard))[:32].float(), expected, atol=0.05)
+    eval_dir = teacher_dir / "responses" / "eval"
+    eval_dir.mkdir(parents=True)
+    for shard in (out / "teacher" / "responses" / "eval").glob("shard_*.pt"):
+        (eval_dir / shard.name).write_bytes(shard.read_bytes())
+    assert add_features(model, eval_dir) > 0 and add_features(model, eval_dir) == 0  # resumable: nothing redone
+
+    config = TrainConfig(arch="mamba-feat", hidden=16, mamba_layers=1, minutes=10.0, max_tokens=4 * 16 * 2,
+                         seq_len=16, batch_size=4, warmup=1, draft_vocab=20, eval_every=1)
+    run = tmp_path / "feat-run"
+    train_feat(teacher_dir, run, config, model)
+    curve = [json.loads(line) for line in (run / "curve.jsonl").read_text().splitlines()]
+    assert [point["step"] for point in curve] == [1, 2] and set(curve[-1]["acceptance"]) == {"real", "guessed"}
+    config.max_tokens *= 2
+    train_feat(teacher_dir, run, config, model)
+    drafter_model, draft_ids, counters = load_feat_run(run)
+    assert counters["step"] == 4 and len(draft_ids) == 20
+
+    drafter = MambaFeatDrafter(drafter_model, model, draft_ids)
+    ids = [5, 9, 12, 7, 30, 3]
+    with torch.no_grad():
+        features = model.base_model(input_ids=torch.tensor([ids])).last_hidden_state[0]
+        previous = torch.cat([torch.zeros(1, features.shape[1]), features[:-1]])[None]
+        trained_path = guesses(drafter_model, model.get_input_embeddings().weight, torch.tensor([ids]), previous)
+    drafter.start(ids, 4, features=features[:-1])
+    assert torch.allclose(drafter.guesses[0].float(), trained_path[0, -1], atol=1e-4)

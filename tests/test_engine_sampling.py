@@ -55,6 +55,7 @@ CASES = [  # (method, tree, temperature, top_p)
     ("mamba-tree", "3,2", 0.7, 1.0),
     ("tf-tree", "2,2", 1.0, 0.9),
     ("lookup-chain", "2", 1.0, 1.0),  # "ab" occurred before: "c a" is copied, each a point-mass proposal
+    ("mamba-feat-tree", "2,2", 1.0, 1.0),  # the drafter reading the target's features
 ]
 
 

@@ -40,3 +40,13 @@ def tiny_mamba(vocab_size: int, seed: int) -> MambaForCausalLM:
     config = MambaConfig(vocab_size=vocab_size, hidden_size=32, state_size=8, num_hidden_layers=2, expand=2,
                          conv_kernel=4, initializer_range=0.3, use_mambapy=True, tie_word_embeddings=True)
     return MambaForCausalLM(config).eval()
+
+
+def tiny_feat(target_hidden: int, seed: int):
+    """A random `mamba-feat` drafter for a target of hidden size `target_hidden`."""
+    from specdec.drafters.mamba_feat import FeatConfig, MambaFeatModel
+
+    torch.manual_seed(seed)
+    model = MambaFeatModel(FeatConfig(target_hidden=target_hidden, hidden=16, layers=2, state_size=8)).eval()
+    torch.nn.init.normal_(model.w_out.weight, std=0.3)  # a trained drafter's guesses are not all zero
+    return model

@@ -1,6 +1,6 @@
 """`python -m specdec.distill STAGE ...`: the drafter pipeline, one resumable stage at a time, or `all`.
 
-Stages: corpus -> teacher -> train -> evaluate -> export. Data goes under `--data` (default `data/distill`,
+Stages: corpus -> teacher -> [features] -> train -> evaluate -> export (`features`: for `--arch mamba-feat`). Data goes under `--data` (default `data/distill`,
 git-ignored); each stage skips what is already on disk, so rerunning a stopped command continues it.
 """
 
@@ -49,9 +49,24 @@ def stage_teacher(args: argparse.Namespace) -> None:
     teacher.generate_sampled(target.model, target.tokenizer, corpus, out, args.sampled_passes,
                              args.sampling_temperature, minutes=args.sampled_minutes, max_shards=args.sampled_shards,
                              **common)
-    teacher.label_text(target.model, target.tokenizer, corpus, out, args.window, args.label_batch,
-                       args.shard_windows, args.topk, minutes=args.text_minutes, max_shards=args.text_shards)
+    label = teacher.label_text
+    if args.text_features:  # the same pass also keeps the target's features (for `--arch mamba-feat`)
+        from specdec.distill.feat import label_text_with_features as label
+    label(target.model, target.tokenizer, corpus, out, args.window, args.label_batch, args.shard_windows, args.topk,
+          minutes=args.text_minutes, max_shards=args.text_shards)
     print(json.dumps(teacher.summarize(out), indent=1))
+
+
+def stage_features(args: argparse.Namespace) -> None:
+    """The target's last hidden state at every teacher position, beside each shard (for `--arch mamba-feat`)."""
+    from specdec.distill.feat import add_features
+    from specdec.distill.train import response_folders
+
+    target = _target(args, args.teacher_dtype)
+    teacher = args.data / "teacher"
+    for folder in [teacher / "responses" / "eval", *response_folders(teacher), teacher / "text"]:
+        if folder.is_dir():
+            add_features(target.model, folder, args.label_batch, minutes=args.text_minutes)
 
 
 def stage_train(args: argparse.Namespace) -> None:
@@ -63,6 +78,11 @@ def stage_train(args: argparse.Namespace) -> None:
                          response_share=args.response_share,
                          eval_every=args.eval_every, threads=args.threads)
     run = args.data / "runs" / args.name
+    if args.arch == "mamba-feat":
+        from specdec.distill.feat import train_feat
+
+        train_feat(args.data / "teacher", run, config, _target(args, "float32").model)
+        return
     if (run / "ckpt.pt").exists():  # resume: E was used on the fresh run only
         train(args.data / "teacher", run, config, None, json.loads((run / "train_config.json").read_text())["vocab_size"])
         return
@@ -87,14 +107,15 @@ def stage_export(args: argparse.Namespace) -> None:
 
 
 def stage_all(args: argparse.Namespace) -> None:
-    for stage in (stage_corpus, stage_teacher, stage_train, stage_evaluate, stage_export):
+    stages = (stage_corpus, stage_teacher, stage_features, stage_train, stage_evaluate, stage_export)
+    for stage in stages if args.arch == "mamba-feat" else [s for s in stages if s is not stage_features]:
         stage(args)
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m specdec.distill", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("stage", choices=["corpus", "teacher", "train", "evaluate", "export", "all"])
+    p.add_argument("stage", choices=["corpus", "teacher", "features", "train", "evaluate", "export", "all"])
     p.add_argument("--target", default=DEFAULT_TARGET, help="target preset, folder, .gguf or hub id")
     p.add_argument("--data", type=Path, default=Path("data/distill"), help="working folder (resumable)")
     p.add_argument("--seed", type=int, default=0)
@@ -120,8 +141,11 @@ def parser() -> argparse.ArgumentParser:
     teacher.add_argument("--sampled-shards", type=int, default=None, help="stop after this many sampled shards in all")
     teacher.add_argument("--sampled-minutes", type=float, default=None, help="stop sampling after this long")
     teacher.add_argument("--text-minutes", type=float, default=None, help="stop labelling text after this long")
+    teacher.add_argument("--text-features", action="store_true",
+                         help="keep the target's features of the text-labelling pass too (for --arch mamba-feat)")
     train = p.add_argument_group("train / evaluate / export")
-    train.add_argument("--arch", choices=["mamba", "transformer"], default="mamba")
+    train.add_argument("--arch", choices=["mamba", "transformer", "mamba-feat"], default="mamba",
+                       help="mamba-feat: the drafter reading the target's hidden state (run the features stage)")
     train.add_argument("--name", default="mamba-smollm2", help="run name; export folder assets/drafters/NAME")
     train.add_argument("--minutes", type=float, default=60.0, help="training wall-time budget")
     train.add_argument("--max-tokens", type=int, default=None, help="training token budget")
@@ -141,8 +165,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    {"corpus": stage_corpus, "teacher": stage_teacher, "train": stage_train, "evaluate": stage_evaluate,
-     "export": stage_export, "all": stage_all}[args.stage](args)
+    {"corpus": stage_corpus, "teacher": stage_teacher, "features": stage_features, "train": stage_train,
+     "evaluate": stage_evaluate, "export": stage_export, "all": stage_all}[args.stage](args)
 
 
 if __name__ == "__main__":

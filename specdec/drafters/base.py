@@ -84,7 +84,12 @@ class TreeBuilder:
 
 
 class Drafter(ABC):
+    """A drafter whose `uses_features` is True also takes the target's last hidden states: at `start`, those of
+    the prompt's positions but the last ([len(context) - 1, D]); at `commit`, those of the root, the accepted nodes
+    and the unseen tokens, in order. The engine passes them as `features=` to such drafters only."""
+
     name: str = "drafter"
+    uses_features: bool = False
 
     @abstractmethod
     def start(self, context: list[int], max_nodes: int) -> None: ...

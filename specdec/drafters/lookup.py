@@ -96,11 +96,12 @@ class LookupBranch(Drafter):
         self.inner, self.length, self.max_ngram, self.min_ngram = inner, length, max_ngram, min_ngram
         self.min_yield, self.probe_every, self.smoothing = min_yield, probe_every, smoothing
         self.name = f"{inner.name}+lookup"
+        self.uses_features = inner.uses_features
 
-    def start(self, context: list[int], max_nodes: int) -> None:
+    def start(self, context: list[int], max_nodes: int, **features) -> None:
         self.context = list(context)
         self.yield_, self.skipped = 1.0, 0  # optimistic: copy until copying is seen to fail
-        self.inner.start(context, max_nodes)
+        self.inner.start(context, max_nodes, **features)
 
     def _wanted(self) -> bool:
         if self.yield_ >= self.min_yield:
@@ -125,12 +126,12 @@ class LookupBranch(Drafter):
         """Whether the last drafted tree has copied nodes."""
         return len(self.tree.tokens) > self.inner_nodes
 
-    def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = ()) -> None:
+    def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = (), **features) -> None:
         inner_path = [node for node in path if node < self.inner_nodes]  # grafted nodes come last on a path
         copied = [self.tree.tokens[node] for node in path[len(inner_path):]]
         if self.grafted:
             self.yield_ += self.smoothing * (len(copied) - self.yield_)
-        self.inner.commit(inner_path, next_token, [*copied, *unseen])
+        self.inner.commit(inner_path, next_token, [*copied, *unseen], **features)  # features: path order
         self.context.extend([*(self.tree.tokens[node] for node in path[1:]), *unseen, next_token])
 
     def state_bytes(self) -> int:

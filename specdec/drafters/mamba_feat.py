@@ -1,0 +1,276 @@
+"""A Mamba drafter that reads the target's own hidden state (`mamba-feat`).
+
+The plug-in drafter (`specdec.drafters.mamba`) sees tokens only. This one also sees, at each position p, the
+target's last hidden state `f` (after its final norm, the vector its output layer scores) of the position before:
+
+    input_p  = W_in [norm(E x_p) ; norm(f_{p-1})]       E: the target's token embedding (not a copy: the target's)
+    h_p      = Mamba layers (recurrent state s_p, fixed size)
+    f̂_p      = W_out norm(h_p)                           a guess at the target's own f_p
+    q_p      = softmax(f̂_p H_d^T)                        H_d: the target's output layer, draft-vocabulary rows
+
+so the drafter predicts the target's feature and reuses the target's embedding and output layer: it ships only
+W_in, the Mamba layers and W_out (a few MB).
+
+Which feature each step reads:
+- the prompt and every accepted token: the target's real `f` of the position before. The verification pass
+  computes `f` at every tree node anyway (`TreeLM.hidden`), so nothing extra runs on the target. At commit the
+  drafter re-steps the accepted tokens with their real features (their drafted states had guessed ones) and then
+  the target's correction/bonus token, the next root, with the last accepted node's real feature.
+- drafted nodes: the target has not seen them yet, so a child reads its parent's guess f̂ instead. The drafter is
+  trained for both (`specdec.distill.feat`: a second pass feeds its own detached guesses in place of real
+  features at random positions).
+
+Tree drafting is the plug-in drafter's batch-cache drafting unchanged: copy a parent's fixed-size state (and its
+f̂) into one batch row per child, step a whole depth in one call; buffers are allocated once per generation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import MambaConfig
+from transformers.models.mamba.modeling_mamba import MambaBlock, MambaRMSNorm
+
+from specdec.drafters.base import Drafter, DraftTree, Sampler, TreeBuilder
+from specdec.drafters.mamba import MambaState, mixer_step_ref
+from specdec.tree import TreeShape
+from specdec.vocab import scatter_head
+
+MODEL_TYPE = "specdec-mamba-feat"
+
+
+@dataclass
+class FeatConfig:
+    target_hidden: int  # D: the target's hidden size (its feature and embedding width)
+    hidden: int = 256  # d: the Mamba layers' width
+    layers: int = 4
+    state_size: int = 16
+    expand: int = 2
+    conv_kernel: int = 4
+
+    def mamba_config(self) -> MambaConfig:
+        return MambaConfig(vocab_size=1, hidden_size=self.hidden, state_size=self.state_size,
+                           num_hidden_layers=self.layers, expand=self.expand, conv_kernel=self.conv_kernel,
+                           use_mambapy=True, residual_in_fp32=True)
+
+
+class MambaFeatModel(nn.Module):
+    """The drafter's own weights: W_in (with the two input norms), the Mamba layers, the final norm and W_out."""
+
+    def __init__(self, config: FeatConfig) -> None:
+        super().__init__()
+        self.config = config
+        mamba = config.mamba_config()
+        D, d = config.target_hidden, config.hidden
+        self.norm_token = MambaRMSNorm(D)
+        self.norm_feature = MambaRMSNorm(D)
+        self.w_in = nn.Linear(2 * D, d, bias=False)
+        self.layers = nn.ModuleList(MambaBlock(mamba, layer_idx=i) for i in range(config.layers))
+        self.norm_f = MambaRMSNorm(d)
+        self.w_out = nn.Linear(d, D, bias=False)
+        for block in self.layers:  # what transformers' `_init_weights` does for a Mamba mixer (S4D-real A, D = 1, Δ)
+            block.mixer.init_mamba_weights()
+            with torch.no_grad():
+                if block.mixer.conv1d.bias is not None:
+                    block.mixer.conv1d.bias.zero_()
+                block.mixer.out_proj.weight /= config.layers ** 0.5
+        nn.init.zeros_(self.w_out.weight)  # a fresh drafter guesses f̂ = 0: q starts uniform, not confidently wrong
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.w_in.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.w_in.weight.device
+
+    def fuse(self, token_emb: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:
+        """[..., D] embedding of x_p and [..., D] feature of p-1 -> the first layer's input [..., d]."""
+        x = torch.cat([self.norm_token(token_emb.to(self.dtype)), self.norm_feature(feature.to(self.dtype))], -1)
+        return self.w_in(x)
+
+    def read_out(self, h: torch.Tensor) -> torch.Tensor:
+        """Last layer's output [..., d] -> f̂ [..., D]."""
+        return self.w_out(self.norm_f(h.to(self.dtype)))
+
+    # --- saving and loading (no transformers model class: the folder is not a stand-alone LM) --------------
+    def save(self, folder: Path, draft_ids: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps({"model_type": MODEL_TYPE, **asdict(self.config)}, indent=1))
+        save_file({k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()},
+                  str(folder / "model.safetensors"))
+        (folder / "draft_vocab.json").write_text(json.dumps({"token_ids": draft_ids.tolist()}))
+
+    @classmethod
+    def load(cls, folder: Path) -> MambaFeatModel:
+        config = json.loads((Path(folder) / "config.json").read_text())
+        if config.pop("model_type", None) != MODEL_TYPE:
+            raise ValueError(f"{folder} does not hold a {MODEL_TYPE} drafter")
+        model = cls(FeatConfig(**config))
+        model.load_state_dict({k: v.float() for k, v in load_file(str(Path(folder) / "model.safetensors")).items()})
+        return model.eval()
+
+
+def is_feat_folder(folder: str | Path) -> bool:
+    path = Path(folder) / "config.json"
+    try:
+        return path.is_file() and json.loads(path.read_text()).get("model_type") == MODEL_TYPE
+    except ValueError:
+        return False
+
+
+class MambaFeatDrafter(Drafter):
+    name = "mamba-feat"
+    uses_features = True
+
+    def __init__(self, model: MambaFeatModel, target, head_ids: torch.Tensor | None = None) -> None:
+        """`target`: the target's Hugging Face model (its embedding and output layer are read, never copied whole);
+        `head_ids`: the draft vocabulary (default: all of the target's)."""
+        self.model = model
+        self.device = model.device
+        embedding = target.get_input_embeddings()
+        if embedding.embedding_dim != model.config.target_hidden:
+            raise ValueError(f"this drafter reads features of width {model.config.target_hidden}, the target's are "
+                             f"{embedding.embedding_dim}")
+        head = target.get_output_embeddings().weight  # [V, D]
+        self.vocab_size = head.shape[0]
+        head_ids = torch.arange(self.vocab_size) if head_ids is None else head_ids
+        if int(head_ids.max()) >= self.vocab_size:
+            raise ValueError("draft_vocab.json names token ids beyond the target's vocabulary")
+        self.embedding = embedding
+        self.head_ids = head_ids.to(self.device)
+        self.head_weight = head.detach()[self.head_ids].to(model.dtype)  # [H, D]: the draft vocabulary's rows only
+        self.zero_feature = torch.zeros(model.config.target_hidden, device=self.device)
+
+    # --- one batched step -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self, tokens: torch.Tensor, features: torch.Tensor, state: MambaState,
+             logits: bool = True) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Feed tokens [B] with the features [B, D] of their previous positions to B rows of `state` (in place).
+
+        Returns (f̂ [B, D], logits [B, V] over the target's vocabulary, -inf outside the draft head) or None.
+        """
+        h = self.model.fuse(self.embedding(tokens), features)  # [B, d]
+        for layer, block in enumerate(self.model.layers):
+            x = block.norm(h.to(block.norm.weight.dtype))
+            h = h.float() + mixer_step_ref(block.mixer, x, state.conv[layer], state.ssm[layer])
+        if not logits:
+            return None
+        guess = self.model.read_out(h)  # [B, D]
+        scores = (guess.to(self.head_weight.dtype) @ self.head_weight.T).float()  # [B, H]
+        return guess, scores_to_logits(scores, self.head_ids, self.vocab_size)
+
+    @torch.inference_mode()
+    def prefill(self, context: list[int], features: torch.Tensor | None) -> tuple[MambaState, torch.Tensor,
+                                                                                   torch.Tensor]:
+        """Run the prompt from a zero state; `features` [P-1, D] are the target's at positions 0..P-2.
+
+        -> (state of 1 row, f̂ of the last prompt token [D], logits [V]).
+        """
+        ids = torch.tensor(context, device=self.device)
+        previous = torch.zeros(len(context), self.model.config.target_hidden, device=self.device)
+        if features is not None and len(features):
+            previous[1: len(features) + 1] = features[: len(context) - 1].to(previous.device)
+        h = self.model.fuse(self.embedding(ids), previous)[None]  # [1, P, d]
+        conv, ssm = [], []
+        for block in self.model.layers:
+            out, (c, s) = mixer_sequence(block.mixer, block.norm(h.to(block.norm.weight.dtype)))
+            h = h.float() + out
+            conv.append(c)
+            ssm.append(s)
+        guess = self.model.read_out(h[0, -1])
+        scores = (guess.to(self.head_weight.dtype) @ self.head_weight.T).float()
+        return MambaState(torch.stack(conv), torch.stack(ssm)), guess, scores_to_logits(scores, self.head_ids,
+                                                                                          self.vocab_size)
+
+    # --- the Drafter interface ----------------------------------------------------------------------------
+    def start(self, context: list[int], max_nodes: int, features: torch.Tensor | None = None) -> None:
+        root_state, root_guess, self.root_logits = self.prefill(context, features)
+        cfg = self.model.config
+        self.buffers = MambaState(
+            torch.zeros(cfg.layers, max_nodes + 1, cfg.hidden * cfg.expand, cfg.conv_kernel, device=self.device),
+            torch.zeros(cfg.layers, max_nodes + 1, cfg.hidden * cfg.expand, cfg.state_size, device=self.device))
+        self.guesses = torch.zeros(max_nodes + 1, cfg.target_hidden, dtype=self.model.dtype, device=self.device)
+        self.buffers.write(torch.tensor([0], device=self.device), root_state)
+        self.guesses[0] = root_guess
+        self.root, self.tokens = context[-1], [context[-1]]
+        self.used_features = features is not None and len(features) > 0
+
+    def draft(self, shape: TreeShape, sampler: Sampler) -> DraftTree:
+        builder = TreeBuilder(self.root, keep_q=not sampler.greedy)
+        frontier, frontier_logits = [0], self.root_logits[None]  # [1, V]
+        for depth, width in enumerate(shape.widths):
+            kids, q = sampler.children(frontier_logits, width)  # [m, width], [m, V]
+            new_nodes = builder.add_level(frontier, kids, q)
+            rows = torch.tensor(new_nodes, device=self.device)
+            parent_rows = torch.tensor(frontier, device=self.device).repeat_interleave(width)
+            state = self.buffers.select(parent_rows)  # copy each parent's state once per child
+            out = self.step(kids.flatten(), self.guesses[parent_rows], state, logits=depth < shape.depth - 1)
+            if out is not None:
+                self.guesses[rows], frontier_logits = out
+            self.buffers.write(rows, state)
+            frontier = new_nodes
+        self.tokens = builder.tokens
+        return builder.build(shape, self.vocab_size)
+
+    def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = (),
+               features: torch.Tensor | None = None) -> None:
+        """`features` [len(path) + len(unseen), D]: the target's features at the root, the accepted nodes, then
+        the unseen tokens, in order. Without them (a caller that has none) the drafted states are kept."""
+        accepted = [self.tokens[node] for node in path[1:]] + list(unseen)
+        if features is None:  # fall back to the drafted states, as the plug-in drafter does
+            state = self.buffers.select(torch.tensor([path[-1]], device=self.device))
+            previous = self.guesses[path[-1]]
+            for token in unseen:
+                previous = self.step(torch.tensor([token], device=self.device), previous[None], state)[0][0]
+            feature = previous
+        else:
+            if len(features) != len(accepted) + 1:
+                raise ValueError(f"{len(accepted) + 1} accepted positions but {len(features)} features")
+            state = self.buffers.select(torch.tensor([0], device=self.device))  # the root's state: real features
+            for token, feature in zip(accepted, features[:-1]):
+                self.step(torch.tensor([token], device=self.device), feature[None], state, logits=False)
+            feature = features[-1]
+        guess, logits = self.step(torch.tensor([next_token], device=self.device), feature[None], state)
+        self.buffers.write(torch.tensor([0], device=self.device), state)
+        self.guesses[0] = guess[0]
+        self.root, self.root_logits, self.tokens = next_token, logits[0], [next_token]
+        self.used_features = features is not None
+
+    def state_bytes(self) -> int:
+        return self.buffers.nbytes + self.guesses.nbytes
+
+
+def scores_to_logits(scores: torch.Tensor, head_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    return scatter_head(scores, head_ids, vocab_size)
+
+
+@torch.inference_mode()
+def mixer_sequence(mixer, hidden: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """A Mamba mixer over a whole sequence from a zero state, [1, l, d] -> (out [1, l, d], (conv [1, d_in, K],
+    ssm [1, d_in, N]) states after the last token), in float32 like `mixer_step_ref`."""
+    length, K = hidden.shape[1], mixer.conv_kernel_size
+    x, gate = mixer.in_proj(hidden).float().transpose(1, 2).chunk(2, dim=1)  # [1, d_in, l]
+    conv_state = F.pad(x, (max(K - length, 0), 0))[..., -K:]  # the last K inputs, zero-padded on the left
+    weight = mixer.conv1d.weight.float()
+    bias = mixer.conv1d.bias.float() if mixer.conv1d.bias is not None else None
+    x = mixer.act(F.conv1d(x, weight, bias, padding=K - 1, groups=x.shape[1])[..., :length])  # [1, d_in, l]
+    R, N = mixer.time_step_rank, mixer.ssm_state_size
+    dt, B, C = torch.split(mixer.x_proj(x.transpose(1, 2).to(hidden.dtype)).float(), [R, N, N], dim=-1)
+    dt = F.softplus(dt @ mixer.dt_proj.weight.float().T + mixer.dt_proj.bias.float())  # [1, l, d_in]
+    A = -torch.exp(mixer.A_log.float())  # [d_in, N]
+    s = x.new_zeros(1, x.shape[1], N)
+    ys = []
+    for t in range(length):
+        s = s * torch.exp(dt[:, t, :, None] * A) + (dt[:, t] * x[:, :, t])[..., None] * B[:, t, None, :]
+        ys.append((s @ C[:, t, :, None]).squeeze(-1))  # [1, d_in]
+    y = torch.stack(ys, dim=-1) + mixer.D.float()[:, None] * x  # [1, d_in, l]
+    y = y * F.silu(gate)
+    return mixer.out_proj(y.transpose(1, 2).to(hidden.dtype)), (conv_state, s)
