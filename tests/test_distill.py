@@ -258,3 +258,38 @@ def test_feature_drafter_trains_resumes_and_matches_the_engine_drafter(data, tmp
         trained_path = guesses(drafter_model, model.get_input_embeddings().weight, torch.tensor([ids]), previous)
     drafter.start(ids, 4, features=features[:-1])
     assert torch.allclose(drafter.guesses[0].float(), trained_path[0, -1], atol=1e-4)
+
+
+def test_feature_drafter_evaluates_and_exports_a_loadable_folder(data, tmp_path):
+    """evaluate -> export for `--arch mamba-feat` on tiny models: a card with the measured figures and a folder the
+    engine's loader takes."""
+    from specdec.distill.feat import (add_features, evaluate_feat, export_feat, label_text_with_features,
+                                      train_feat)
+    from specdec.models import LoadedModel, load_feat_drafter
+
+    out, model, tokenizer = data
+    teacher_dir = tmp_path / "teacher"
+    label_text_with_features(model, tokenizer, out / "corpus", teacher_dir, window=32, batch_size=4, shard_windows=8,
+                             k=4)
+    eval_dir = teacher_dir / "responses" / "eval"
+    eval_dir.mkdir(parents=True)
+    for shard in (out / "teacher" / "responses" / "eval").glob("shard_*.pt"):
+        (eval_dir / shard.name).write_bytes(shard.read_bytes())
+    add_features(model, eval_dir)
+    (tmp_path / "corpus").symlink_to(out / "corpus")
+    config = TrainConfig(arch="mamba-feat", hidden=16, mamba_layers=1, max_tokens=4 * 16 * 2, seq_len=16,
+                         batch_size=4, warmup=1, draft_vocab=20, eval_every=1)
+    run = tmp_path / "runs" / "feat"
+    train_feat(teacher_dir, run, config, model)
+    class Decoding(ByteTokenizer):  # what the engine's detokenizer needs besides
+        def decode(self, ids, skip_special_tokens=False):
+            return "".join(chr(32 + i) for i in ids)
+
+    target = LoadedModel("tiny", model, Decoding(), "tiny")
+    report = evaluate_feat(target, teacher_dir, run, prompts_per_domain=1, max_new_tokens=6)
+    assert report["engine"]["identical"] and report["engine"]["prompts"] == 4
+    assert 0 <= report["teacher_forced"]["real"] <= 1 and report["latency_ms"]["drafter_bf16"] > 0
+    folder = export_feat(run, tmp_path / "export")
+    card = (folder / "README.md").read_text()
+    assert f"| {report['teacher_forced']['real']:.3f} |" in card and "--arch mamba-feat" in card
+    assert load_feat_drafter(str(folder), torch.device("cpu"), torch.float32, target).model.config.hidden == 16

@@ -92,7 +92,10 @@ def stage_train(args: argparse.Namespace) -> None:
 
 def stage_evaluate(args: argparse.Namespace) -> None:
     from specdec.distill.evaluate import evaluate
+    from specdec.distill.feat import evaluate_feat, is_feat_run
 
+    if is_feat_run(args.data / "runs" / args.name):
+        evaluate = evaluate_feat
     report = evaluate(_target(args, "float32"), args.data / "teacher", args.data / "runs" / args.name,
                       args.engine_prompts, args.max_new_tokens_eval)
     print(json.dumps(report, indent=1))
@@ -100,7 +103,12 @@ def stage_evaluate(args: argparse.Namespace) -> None:
 
 def stage_export(args: argparse.Namespace) -> None:
     from specdec.distill.export import export
+    from specdec.distill.feat import export_feat, is_feat_run
 
+    run = args.data / "runs" / args.name
+    if is_feat_run(run):
+        print(f"exported to {export_feat(run, args.out or ASSETS / 'drafters' / args.name)}")
+        return
     folder = export(args.data / "runs" / args.name, args.out or ASSETS / "drafters" / args.name,
                     _target(args, "float32").tokenizer, args.data / "teacher")
     print(f"exported to {folder}")

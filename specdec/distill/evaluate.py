@@ -65,7 +65,7 @@ def run_engine(models: Models, method: str, prompts: list, max_new_tokens: int) 
 
 def engine_report(models: Models, kind: str, prompts: list, max_new_tokens: int) -> dict:
     """Greedy chain-of-4 speculative decoding against target-only decoding on the same prompts."""
-    method = "mamba-chain" if kind == "mamba" else "tf-chain"
+    method = {"mamba": "mamba-chain", "mamba-feat": "mamba-feat-chain"}.get(kind, "tf-chain")
     sd = run_engine(models, method, prompts, max_new_tokens)
     ar = run_engine(models, "ar", prompts, max_new_tokens)
     by_domain: dict[str, list[float]] = {}

@@ -149,7 +149,9 @@ def feat_loss(model: MambaFeatModel, embedding: torch.Tensor, head: torch.Tensor
     guess = guesses(model, embedding, ids, previous)  # pass 1: real features everywhere
 
     def loss_of(g: torch.Tensor) -> torch.Tensor:
-        return distill_loss(g @ head.T, label, topk_ids, topk_logp, lut) + \
+        with torch.autocast(g.device.type, dtype=torch.bfloat16):  # the output layer: most of a step's work
+            logits = g @ head.T  # [B, L, |V_d|]; the loss itself is taken in float32
+        return distill_loss(logits, label, topk_ids, topk_logp, lut) + \
             FEATURE_WEIGHT * F.smooth_l1_loss(g[label], own[label])
 
     shifted = torch.cat([previous[:, :1], guess.detach()[:, :-1]], dim=1)  # the guess of p-1, read at p
@@ -269,3 +271,119 @@ def load_feat_run(run: Path) -> tuple[MambaFeatModel, torch.Tensor, dict]:
     model.load_state_dict(ckpt["model"])
     counters = {key: ckpt[key] for key in ("step", "tokens", "labelled", "wall_s")}
     return model.eval(), load_draft_vocab(str(run)), {**counters, "config": saved}
+
+
+def is_feat_run(run: Path) -> bool:
+    path = run / "train_config.json"
+    return path.exists() and "feat" in json.loads(path.read_text())
+
+
+def evaluate_feat(target, teacher: Path, run: Path, prompts_per_domain: int, max_new_tokens: int) -> dict:
+    """The run's last checkpoint, measured: teacher-forced acceptance (real and guessed input features),
+    draft-vocabulary coverage, the engine (greedy chain of 4 vs target alone, identical outputs) and the step
+    latency of drafter and target at batch 1. Writes `run/eval.json`."""
+    from specdec.distill.evaluate import _by_domain, _ms_per_call, coverage, engine_report, step_latency_ms
+    from specdec.distill.corpus import read_prompts
+    from specdec.drafters.mamba import MambaState
+    from specdec.drafters.mamba_feat import MambaFeatDrafter
+    from specdec.models import LoadedModel, Models
+
+    model, draft_ids, counters = load_feat_run(run)
+    held_out = load_with_features(teacher / "responses" / "eval")
+    embedding = target.model.get_input_embeddings().weight.detach().float()
+    head = target.model.get_output_embeddings().weight.detach().float()[draft_ids]
+    report = {"counters": {k: v for k, v in counters.items() if k != "config"},
+              "teacher_forced": greedy_acceptance(model, embedding, head, draft_ids, held_out),
+              "coverage": coverage(held_out, draft_ids)}
+    context = held_out[0]["tokens"][:64].tolist()
+    latency = {"target_fp32": step_latency_ms(target.model, None, context)}
+    for name, dtype in (("drafter_fp32", torch.float32), ("drafter_bf16", torch.bfloat16)):
+        drafter = MambaFeatDrafter(model.to(dtype), target.model, draft_ids)
+        cfg = model.config
+        state = MambaState(torch.zeros(cfg.layers, 1, cfg.hidden * cfg.expand, cfg.conv_kernel),
+                           torch.zeros(cfg.layers, 1, cfg.hidden * cfg.expand, cfg.state_size))
+        token, feature = torch.tensor([context[-1]]), torch.zeros(1, cfg.target_hidden)
+        latency[name] = _ms_per_call(lambda: drafter.step(token, feature, state))
+    model.float()
+    latency["ratio_fp32"] = latency["drafter_fp32"] / latency["target_fp32"]
+    latency["ratio_bf16"] = latency["drafter_bf16"] / latency["target_fp32"]
+    report["latency_ms"] = latency
+    folder = run / "export"
+    model.save(folder, draft_ids)
+    prompts = [p for group in _by_domain(read_prompts(teacher.parent / "corpus", "eval")).values()
+               for p in group[:prompts_per_domain]]
+    models = Models.from_loaded(target, feat=LoadedModel(run.name, MambaFeatModel.load(folder), None, str(folder)))
+    report["engine"] = engine_report(models, "mamba-feat", prompts, max_new_tokens) if prompts else None
+    (run / "eval.json").write_text(json.dumps(report, indent=1))
+    return report
+
+
+def model_card(name: str, run: Path, report: dict, counters: dict, size: int) -> str:
+    config, tf, engine, lat = counters["config"], report["teacher_forced"], report.get("engine") or {}, \
+        report["latency_ms"]
+    feat = config["feat"]
+    params = sum(p.numel() for p in load_feat_run(run)[0].parameters())
+    rows = ["| step | window tokens seen | wall min | loss | acceptance, real feature | acceptance, own guess |",
+            "|---:|---:|---:|---:|---:|---:|"]
+    for line in (run / "curve.jsonl").read_text().splitlines():
+        point = json.loads(line)
+        acc = point["acceptance"]
+        rows.append(f"| {point['step']} | {point['tokens']:,} | {point['wall_s'] / 60:.1f} | {point['loss']:.3f} "
+                    f"| {acc.get('real', float('nan')):.3f} | {acc.get('guessed', float('nan')):.3f} |")
+    segments = [json.loads(line) for line in (run / "segments.jsonl").read_text().splitlines()]
+    engine_line = (f"engine `mamba-feat-chain` (chain of 4, greedy, {engine['prompts']} held-out prompts, "
+                   f"{engine['max_new_tokens']} new tokens): acceptance {engine['acceptance_rate']:.3f}, "
+                   f"{engine['mean_accepted_len']:.2f} tokens per round, {engine['speedup']:.2f}x the target alone, "
+                   f"outputs identical: {engine['identical']}") if engine else "engine: not measured"
+    return f"""# {name}
+
+A Mamba drafter that reads the target's hidden state (`specdec.drafters.mamba_feat`), trained for
+**SmolLM2-135M-Instruct**: input `W_in [norm(E x_p); norm(f_(p-1))]`, {feat['layers']} Mamba layers of width
+{feat['hidden']}, output `f̂_p = W_out norm(h_p)` scored by the target's own output layer restricted to the
+{len(json.loads((run / 'draft_vocab.json').read_text())['token_ids']):,} ids of `draft_vocab.json`. `E` and the
+output layer are the target's, read at run time: the folder holds {params / 1e6:.2f}M parameters in bfloat16
+({size / 2**20:.1f} MiB). It works with this target only (the loader checks the hidden size).
+
+## Training
+Teacher data: the target's top-k on labelled text and answers, plus its last hidden state at every position
+(`python -m specdec.distill features`, or `teacher --text-features`, cached beside the shards). Loss: H(p, q) on
+the target's top-k plus {FEATURE_WEIGHT} x SmoothL1(f̂, f); each step runs twice, the second time with the
+drafter's own guesses in place of the real feature at {GUESS_SHARE:.0%} of the positions (drafted nodes read
+guesses). AdamW, lr {config['lr']}, batch {config['batch_size']} x {config['seq_len']}, on
+{config.get('threads') or 'all'} thread(s) of a 2-core CPU shared with other jobs; data seen per segment:
+{'; '.join(f"{s['unique_labelled']:,} unique labelled tokens ({s['text_shards']} text shards, {s['response_shards']} answer shards)" for s in segments)}.
+Spent: {counters['step']:,} steps, {counters['tokens']:,} window tokens, {counters['wall_s'] / 60:.1f} min.
+
+## Measured (held-out answers and prompts, never trained on)
+| measure | value |
+|---|---|
+| greedy acceptance, teacher-forced, real feature of p-1 (a draft's first token) | {tf['real']:.3f} |
+| the same with the drafter's own guess as input (deeper tokens) | {tf['guessed']:.3f} |
+| draft-vocabulary coverage of the target's greedy tokens | {report['coverage']:.3f} |
+| {engine_line} | |
+| step latency, batch 1: drafter fp32 / bf16 vs target fp32 | {lat['drafter_fp32']:.2f} / {lat['drafter_bf16']:.2f} ms vs {lat['target_fp32']:.2f} ms |
+
+## Learning curve
+{chr(10).join(rows)}
+
+## Reproduce
+```
+python -m specdec.distill corpus
+python -m specdec.distill teacher --response-shards 0 --text-features --text-minutes 45
+python -m specdec.distill features
+python -m specdec.distill train --arch mamba-feat --name {name} --minutes {segments[-1]['minutes']} --seq-len {config['seq_len']} --train-batch {config['batch_size']} --lr {config['lr']} --eval-every {config['eval_every']} --threads {config.get('threads') or 2}
+python -m specdec.distill evaluate --name {name}
+python -m specdec.distill export --name {name}
+```
+"""
+
+
+def export_feat(run: Path, folder: Path) -> Path:
+    """The run's drafter (bfloat16) and its card into `folder` (e.g. assets/drafters/mamba-feat-smollm2)."""
+    from specdec.distill.export import folder_bytes
+
+    model, draft_ids, counters = load_feat_run(run)
+    model.save(folder, draft_ids)
+    report = json.loads((run / "eval.json").read_text())
+    (folder / "README.md").write_text(model_card(folder.name, run, report, counters, folder_bytes(folder)))
+    return folder
