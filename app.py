@@ -57,14 +57,14 @@ class Engine:
 
 
 def real_engine(target: str, drafter: str, tf_drafter: str, device: str, dtype: str,
-                drafter_dtype: str = "auto") -> Engine:
+                drafter_dtype: str = "auto", feat_drafter: str = "mamba-feat-smollm2") -> Engine:
     """`specdec` behind the `Engine` calls; imported on first use so the page comes up at once."""
 
     @functools.cache
     def models():
         from specdec.models import Models
 
-        return Models(target, drafter, tf_drafter, device, dtype, drafter_dtype)
+        return Models(target, drafter, tf_drafter, device, dtype, drafter_dtype, feat_drafter)
 
     def make_config(**settings):
         from specdec.config import GenerationConfig
@@ -412,6 +412,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="Mamba drafter [SPECDEC_DRAFTER]")
     p.add_argument("--tf-drafter", default=env("SPECDEC_TF_DRAFTER", "tf-smollm2"),
                    help="Transformer drafter [SPECDEC_TF_DRAFTER]")
+    p.add_argument("--feat-drafter", default=env("SPECDEC_FEAT_DRAFTER", "mamba-feat-smollm2"),
+                   help="Mamba drafter reading the target's hidden state [SPECDEC_FEAT_DRAFTER]")
     p.add_argument("--device", default=env("SPECDEC_DEVICE", "auto"), help="auto, cpu, cuda or mps [SPECDEC_DEVICE]")
     p.add_argument("--dtype", default=env("SPECDEC_DTYPE", "auto"),
                    help="target dtype: auto, float32, bfloat16 or float16 [SPECDEC_DTYPE]")
@@ -435,7 +437,7 @@ def hub_models(args: argparse.Namespace) -> list[str]:
     """The models asked for that are neither presets nor local files: they would be fetched from the hub."""
     from specdec.models import PRESETS
 
-    specs = (args.target, args.drafter, args.tf_drafter)
+    specs = (args.target, args.drafter, args.tf_drafter, args.feat_drafter)
     return [s for s in specs if s not in PRESETS and not Path(s).expanduser().exists()]
 
 
@@ -458,7 +460,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"Refusing to serve hub models {', '.join(hub_models(args))}: set "
                          "SPECDEC_ALLOW_HUB_MODELS=1 to allow model ids that are not presets or local files.")
     engine = None if why else real_engine(args.target, args.drafter, args.tf_drafter, args.device, args.dtype,
-                                          args.drafter_dtype)
+                                          args.drafter_dtype, args.feat_drafter)
     notice = f"Replay-only mode ({why}): no model is loaded here; pick a recorded run or load an exported one." \
         if why else ""
     print(f"Serving on http://{args.host}:{args.port} " + (f"in replay-only mode ({why})" if why else

@@ -38,6 +38,8 @@ def round_caption(record: RoundRecord) -> str:
     tail = f" and added 1 of its own ({own})" if added else ""
     copied = sum(n.copied for n in record.nodes)
     proposed = f"the drafter proposed {_count(drafted - copied, 'token')} in {where}"
+    if record.drafter_read_target:
+        proposed += " (it read the target's hidden state at the last accepted token, its own guesses below the root)"
     if copied:
         proposed += f" and prompt lookup {_count(copied, 'token')} copied from the text"
     return head + f"{proposed}; the target {took}{tail}."

@@ -11,6 +11,13 @@ METHODS = {  # value -> (label in the UI, one-line explanation)
     "mamba-ucb": ("Mamba tree + bandit", "A Mamba drafter drafts a tree; a UCB bandit picks its shape each round."),
     "mamba-tree": ("Mamba, fixed tree", "A Mamba drafter drafts a tree of the shape set under Advanced."),
     "mamba-chain": ("Mamba chain", "A Mamba drafter drafts a single chain of tokens (no branching)."),
+    "mamba-feat-ucb": ("Mamba reading the target + bandit",
+                       "A Mamba drafter that also reads the target's last hidden state (free from each check) "
+                       "drafts a tree; a bandit picks its shape. Needs a drafter trained for this target."),
+    "mamba-feat-chain": ("Mamba reading the target, chain",
+                         "The Mamba drafter that reads the target's hidden state drafts a single chain."),
+    "mamba-feat-tree": ("Mamba reading the target, fixed tree",
+                        "The Mamba drafter that reads the target's hidden state drafts a tree of a fixed shape."),
     "tf-tree": ("Transformer drafter, tree", "A small Transformer drafter (with a KV cache) drafts a fixed tree."),
     "tf-chain": ("Transformer drafter, chain", "A small Transformer drafter drafts a single chain."),
     "lookup-chain": ("Prompt lookup", "No drafter model: copy what followed the last matching words of the text."),

@@ -9,7 +9,7 @@ import os
 import sys
 
 from specdec.config import BANDIT_SCOPES, DEFAULT_ARMS, METHODS, REWARDS, GenerationConfig
-from specdec.models import DEFAULT_MAMBA, DEFAULT_TARGET, DEFAULT_TF, ModelLoadError, Models
+from specdec.models import DEFAULT_MAMBA, DEFAULT_MAMBA_FEAT, DEFAULT_TARGET, DEFAULT_TF, ModelLoadError, Models
 from specdec.records import RoundRecord, Summary
 
 DTYPE_HELP = ("target dtype: auto (bfloat16 on CUDA, and on a CPU whose bf16 matmuls are row-invariant, where it is "
@@ -59,7 +59,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     models = Models(target=args.target,
                     mamba_drafter=args.drafter if args.drafter and drafter_kind == "mamba" else DEFAULT_MAMBA,
                     tf_drafter=args.drafter if args.drafter and drafter_kind == "transformer" else DEFAULT_TF,
-                    device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype)
+                    device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
+                    feat_drafter=args.drafter if args.drafter and drafter_kind == "mamba-feat" else DEFAULT_MAMBA_FEAT)
     summary: Summary | None = None
     for event in generate(models, args.prompt, config, chat=not args.no_chat):
         if isinstance(event, RoundRecord):
@@ -112,6 +113,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--target", default=DEFAULT_TARGET)
     b.add_argument("--mamba-drafter", default=DEFAULT_MAMBA)
     b.add_argument("--tf-drafter", default=DEFAULT_TF)
+    b.add_argument("--feat-drafter", default=DEFAULT_MAMBA_FEAT, help="drafter of the mamba-feat-* methods")
     b.add_argument("--device", default="auto")
     b.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     b.add_argument("--drafter-dtype", default="auto", help=DRAFTER_DTYPE_HELP)
@@ -123,7 +125,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from specdec import bench
 
     models = Models(target=args.target, mamba_drafter=args.mamba_drafter, tf_drafter=args.tf_drafter,
-                    device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype)
+                    device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
+                    feat_drafter=args.feat_drafter)
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     result: dict = {}
     if args.context_lengths:

@@ -211,7 +211,7 @@ def generate(models: Models, prompt: str, config: GenerationConfig, stop: thread
             draft_ms=(t_draft - t_round) * 1e3, verify_ms=(t_verify - t_draft) * 1e3, round_ms=round_s * 1e3,
             new_tokens_total=len(new_ids), elapsed_s=time.perf_counter() - start, rss_bytes=rss,
             cuda_allocated_bytes=cuda_alloc, cuda_peak_bytes=cuda_peak, drafter_state_bytes=drafter.state_bytes(),
-            target_kv_bytes=verifier.kv_bytes, bandit=snapshot,
+            target_kv_bytes=verifier.kv_bytes, bandit=snapshot, drafter_read_target=drafter.uses_features,
         )
         if stop_reason == "eos":
             break

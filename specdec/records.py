@@ -76,6 +76,7 @@ class RoundRecord:
     drafter_state_bytes: int  # Mamba: state buffers; Transformer drafter: its KV cache; else 0
     target_kv_bytes: int
     bandit: BanditSnapshot | None = None
+    drafter_read_target: bool = False  # the drafter read the target's hidden state (mamba-feat)
 
     def to_dict(self) -> dict:
         return asdict(self)

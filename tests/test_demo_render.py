@@ -179,6 +179,10 @@ def test_round_caption_says_what_happened():
     assert round_caption(chain_with_bonus()) == (
         "Round 5: the drafter proposed 3 tokens in a chain; the target accepted 3 (“ t1 t2 t3”) "
         "and added 1 of its own (“↵”, a bonus token).")
+    reading = tree_with_correction()
+    reading.drafter_read_target = True  # a mamba-feat round says so
+    assert round_caption(reading).startswith("Round 1: the drafter proposed 4 tokens in a (2,1) tree (it read the "
+                                             "target's hidden state at the last accepted token")
 
 
 def test_round_caption_for_rejections_and_target_only():

@@ -32,7 +32,7 @@ def test_greedy_output_is_the_targets(tiny_models, settings):
     rounds, summary = run(tiny_models, **settings)
     assert summary.token_ids == ar.token_ids
     assert sum(r.accepted_len for r in rounds) > 0  # drafts took part
-    assert summary.extra["drafter"].startswith("tiny-feat")
+    assert summary.extra["drafter"].startswith("tiny-feat") and all(r.drafter_read_target for r in rounds)
 
 
 def target_features(models: Models, ids: list[int]) -> torch.Tensor:
