@@ -18,6 +18,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
+from safetensors.torch import save_model
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -298,7 +299,13 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype, vocab_size: 
             source, gguf = str(_preset_folder(spec, preset)), None
         else:
             source, gguf = _resolve(spec)
-        model, tokenizer = _from_pretrained(source, gguf, dtype)
+        converted = _converted_folder(Path(source) / gguf) if gguf else None
+        if converted and converted.is_dir():
+            model, tokenizer = _from_pretrained(str(converted), None, dtype)
+        else:
+            model, tokenizer = _from_pretrained(source, gguf, dtype)
+            if converted and dtype == torch.float32:  # kept exact: other dtypes read it and cast, as from GGUF
+                _keep_converted(model, tokenizer, converted)
     except ModelLoadError:
         raise
     except (OSError, ValueError, KeyError, RuntimeError, ImportError) as err:
@@ -306,6 +313,49 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype, vocab_size: 
         offline = " (the hub is unreachable from here)" if os.environ.get("HF_HUB_OFFLINE") else ""
         raise ModelLoadError(f"could not load model {spec!r}{offline}: {first_line}") from err
     return LoadedModel(spec, model.to(device).eval(), tokenizer, source + (f"/{gguf}" if gguf else ""))
+
+
+def _converted_folder(gguf: Path) -> Path | None:
+    """Where a GGUF model is kept once converted (float32 safetensors and its tokenizer), so later loads take a
+    second instead of dequantising again (about 20 s for SmolLM2-135M on a 2-core CPU). Keyed by the file and the
+    transformers version that converted it; `SPECDEC_CACHE` moves it (see `probe_file`), `SPECDEC_GGUF_CACHE=0`
+    turns it off."""
+    import hashlib
+
+    import transformers
+
+    if os.environ.get("SPECDEC_GGUF_CACHE", "1") == "0":
+        return None
+    try:
+        stat = gguf.stat()
+    except OSError:
+        return None
+    key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}".encode())
+    return probe_file().parent / "converted" / f"{gguf.stem}-{key.hexdigest()[:16]}"
+
+
+def _keep_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, folder: Path) -> None:
+    """Save the converted model atomically (a folder is renamed into place whole); any failure
+    (a read-only or full disk, another process winning the race) leaves the next load converting again."""
+    import shutil
+    import tempfile
+
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
+        try:
+            config = model.config.to_dict()  # transformers will not `save_pretrained` a GGUF-loaded model, so
+            config.pop("quantization_config", None)  # its parts are written one by one, without the GGUF marks
+            (partial / "config.json").write_text(json.dumps(config, indent=1))
+            model.generation_config.save_pretrained(partial)
+            save_model(model, str(partial / "model.safetensors"))  # float32, tied weights once
+            if tokenizer is not None:
+                tokenizer.save_pretrained(partial)
+            partial.rename(folder)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+    except (OSError, ValueError, RuntimeError):
+        pass
 
 
 def check_vocab(target: LoadedModel, drafter: LoadedModel) -> None:

@@ -98,3 +98,33 @@ def test_the_cpu_auto_dtype_is_probed_once_and_kept(monkeypatch, tmp_path):
     (tmp_path / "cpu-dtype.json").unlink()
     monkeypatch.setattr(kvcache, "bf16_step_speedup", lambda: 3.0)
     assert models_module.resolve_dtype("auto", CPU) == torch.float32  # fast but not exact: float32
+
+
+def test_a_converted_gguf_is_kept_exactly_and_read_back(monkeypatch, tmp_path):
+    """The GGUF target is dequantised once and kept as float32 safetensors: what is read back is the same model
+    (tied weights included), and `load_model` takes the kept folder instead of converting again."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True))
+    folder = tmp_path / "converted" / "tiny"
+    models_module._keep_converted(model, None, folder)
+    assert {p.name for p in folder.iterdir()} == {"config.json", "generation_config.json", "model.safetensors"}
+    monkeypatch.setattr(models_module, "_converted_folder", lambda gguf: folder)
+    loaded = load_model(DEFAULT_TARGET, CPU, torch.float32).model
+    assert loaded.config.vocab_size == 40  # the kept folder was read, not the GGUF
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
+    assert loaded.get_output_embeddings().weight.data_ptr() == loaded.get_input_embeddings().weight.data_ptr()
+
+
+def test_the_converted_folder_follows_the_file_and_can_be_turned_off(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"one")
+    first = models_module._converted_folder(gguf)
+    assert first.parent == tmp_path / "converted" and first.name.startswith("model-")
+    gguf.write_bytes(b"other contents")  # a new file: a new folder, never a stale conversion
+    assert models_module._converted_folder(gguf) != first
+    monkeypatch.setenv("SPECDEC_GGUF_CACHE", "0")
+    assert models_module._converted_folder(gguf) is None
