@@ -107,9 +107,12 @@ def test_cli_json(fast_threads):
     (["--prompt", "hi", "--target", "nobody/no-such-model"], "model 'nobody/no-such-model' cannot be loaded"),
     (["--prompt", "hi", "--target", "no-such-preset"], "unknown model 'no-such-preset'"),
 ])
-def test_cli_errors_are_one_clear_line(args, message):
-    out = _cli(*args)
-    assert out.returncode == 2
-    assert "Traceback" not in out.stderr
-    error_lines = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+def test_cli_errors_are_one_clear_line(args, message, capsys):
+    """In-process (`test_cli_json` runs the real command line): exit status 2 and one `error:` line, no traceback."""
+    from specdec import cli
+
+    assert cli.main(["generate", *args]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    error_lines = [line for line in err.splitlines() if line.startswith("error: ")]
     assert len(error_lines) == 1 and message in error_lines[0]
