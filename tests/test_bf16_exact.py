@@ -77,7 +77,8 @@ def test_every_method_prints_the_tokens_of_ar_in_bf16(smollm2_bf16, prompt):
     ar = tokens(method="ar")
     cases = [dict(method="mamba-chain"), dict(method="mamba-tree", tree="3,2,2,1"), dict(method="mamba-ucb"),
              dict(method="mamba-ucb", lookup_branch=LOOKUP_BRANCH), dict(method="tf-tree", tree="2,2,1"),
-             dict(method="tf-tree", lookup_branch=LOOKUP_BRANCH), dict(method="lookup-chain")]
+             dict(method="tf-tree", lookup_branch=LOOKUP_BRANCH), dict(method="lookup-chain"),
+             dict(method="mamba-feat-tree", tree="3,2,1")]
     accepted = 0
     for case in cases:
         summary = tokens(**case)

@@ -25,7 +25,7 @@ def fake_assets(root: Path, missing: str | None) -> Path:
 
 
 def test_the_shipped_drafters_are_presets_with_their_files():
-    assert SHIPPED == ["mamba-smollm2", "tf-smollm2"]
+    assert SHIPPED == ["mamba-smollm2", "mamba-feat-smollm2", "tf-smollm2"]
     for name in SHIPPED:
         folder = models_module.ASSETS / PRESETS[name].folder
         assert PRESETS[name].files == SHIPPED_DRAFTER_FILES

@@ -25,7 +25,9 @@ PROMPTS = [("Write a Python function that checks whether a string is a palindrom
 CASES = [("mamba-chain", None, 0, "mamba-smollm2"), ("mamba-tree", "3,2,1", 0, "mamba-smollm2"),
          ("mamba-ucb", None, 0, "mamba-smollm2"), ("mamba-ucb", None, LOOKUP_BRANCH, "mamba-smollm2+lookup"),
          ("tf-chain", None, 0, "tf-smollm2"), ("tf-tree", "2,2,2", 0, "tf-smollm2"),
-         ("tf-tree", None, LOOKUP_BRANCH, "tf-smollm2+lookup"), ("lookup-chain", None, 0, "lookup")]
+         ("tf-tree", None, LOOKUP_BRANCH, "tf-smollm2+lookup"), ("lookup-chain", None, 0, "lookup"),
+         ("mamba-feat-ucb", None, 0, "mamba-feat-smollm2"),
+         ("mamba-feat-tree", "2,2,1", LOOKUP_BRANCH, "mamba-feat-smollm2+lookup")]
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +59,9 @@ def test_the_shipped_drafters_are_loaded(smollm2):
         loaded = smollm2.drafter(kind)
         assert loaded.name == preset and loaded.source == str(ASSETS / "drafters" / preset)
         assert loaded.vocab_size == smollm2.target.vocab_size and not loaded.source.startswith("random")
+    feat = smollm2.drafter("mamba-feat")
+    assert feat.name == "mamba-feat-smollm2" and feat.source == str(ASSETS / "drafters" / "mamba-feat-smollm2")
+    assert feat.model.config.target_hidden == smollm2.target.model.config.hidden_size
 
 
 def test_every_method_matches_transformers_greedy(smollm2, fast_threads):
