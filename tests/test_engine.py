@@ -91,7 +91,7 @@ def test_overlong_prompt_is_refused(tiny_models):
 
 
 # --- sampling: exact in distribution ---------------------------------------------------------------------
-N_NEW, RUNS = 3, 1500
+N_NEW, RUNS = 3, 1000
 
 
 def _target_distribution(models, temperature: float) -> dict[tuple, float]:
