@@ -29,7 +29,9 @@ from tqdm import tqdm
 from specdec.distill.teacher import Shard, _pending, _shards_of, load_shards, save_shard, text_windows, top_k_logp, \
     _pack
 from specdec.distill.train import (TrainConfig, _data_record, _log_segment, _progress, choose_draft_vocab,
-                                   distill_loss, learning_rate, mixer_forward, response_folders)
+                                   distill_loss, learning_rate, mixer_forward, response_folders, training_state,
+                                   vocab_lut)
+from specdec.distill.train import _save as save_checkpoint
 from specdec.drafters.mamba_feat import FeatConfig, MambaFeatModel
 from specdec.vocab import load_draft_vocab
 
@@ -211,15 +213,8 @@ def train_feat(teacher: Path, run: Path, config: TrainConfig, target) -> MambaFe
         (run / "train_config.json").write_text(json.dumps({**asdict(config), "vocab_size": vocab_size,
                                                            "feat": asdict(feat)}, indent=1))
     head = target.get_output_embeddings().weight.detach().float()[draft_ids]  # [|V_d|, D], frozen
-    lut = torch.full((vocab_size,), -1, dtype=torch.long)
-    lut[draft_ids] = torch.arange(len(draft_ids))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    state = {"step": 0, "tokens": 0, "labelled": 0, "wall_s": 0.0}
-    generator = torch.Generator().manual_seed(config.seed)
-    if ckpt:
-        optimizer.load_state_dict(ckpt["optimizer"])
-        state = {key: ckpt[key] for key in state}
-        generator.set_state(ckpt["generator"])
+    lut = vocab_lut(draft_ids, vocab_size)
+    optimizer, state, generator = training_state(model, config, ckpt)
     all_shards = response_shards + text_shards
     _log_segment(run, config, state, _data_record({n: len(s) for n, s in answers.items()}, len(text_shards)),
                  all_shards)
@@ -256,10 +251,7 @@ def train_feat(teacher: Path, run: Path, config: TrainConfig, target) -> MambaFe
             model.train()
             with open(run / "curve.jsonl", "a") as f:
                 f.write(json.dumps({**state, "loss": loss.item(), "acceptance": acceptance}) + "\n")
-            tmp = run / "ckpt.tmp"
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), **state,
-                        "generator": generator.get_state()}, tmp)
-            os.replace(tmp, run / "ckpt.pt")
+            save_checkpoint(run, model, optimizer, {**state, "generator": generator.get_state()})
     return model.eval()
 
 

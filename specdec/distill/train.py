@@ -327,6 +327,26 @@ def _batch(streams: list[tuple[Stream, int]], config: TrainConfig, generator: to
     return tuple(torch.cat(group) for group in zip(*parts))
 
 
+def vocab_lut(draft_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[V] slot of each token id in V_d, -1 outside it."""
+    lut = torch.full((vocab_size,), -1, dtype=torch.long)
+    lut[draft_ids] = torch.arange(len(draft_ids))
+    return lut
+
+
+def training_state(model: torch.nn.Module, config: TrainConfig,
+                   ckpt: dict | None) -> tuple[torch.optim.Optimizer, dict, torch.Generator]:
+    """The optimizer, counters and data generator of a fresh run, or as a checkpoint left them."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    state = {"step": 0, "tokens": 0, "labelled": 0, "wall_s": 0.0}
+    generator = torch.Generator().manual_seed(config.seed)
+    if ckpt:
+        optimizer.load_state_dict(ckpt["optimizer"])
+        state = {key: ckpt[key] for key in state}
+        generator.set_state(ckpt["generator"])
+    return optimizer, state, generator
+
+
 def train(teacher: Path, run: Path, config: TrainConfig, target_embedding: torch.Tensor | None,
           vocab_size: int) -> PreTrainedModel:
     """Train (or resume) until the wall-time or token budget is spent; returns the drafter."""
@@ -338,15 +358,8 @@ def train(teacher: Path, run: Path, config: TrainConfig, target_embedding: torch
     text_shards = load_shards(teacher / "text")
     data = _data_record({name: len(shards) for name, shards in answers.items()}, len(text_shards))
     model, draft_ids, ckpt = _load_or_init(run, config, response_shards + text_shards, target_embedding, vocab_size)
-    lut = torch.full((vocab_size,), -1, dtype=torch.long)
-    lut[draft_ids] = torch.arange(len(draft_ids))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    state = {"step": 0, "tokens": 0, "labelled": 0, "wall_s": 0.0}
-    generator = torch.Generator().manual_seed(config.seed)
-    if ckpt:
-        optimizer.load_state_dict(ckpt["optimizer"])
-        state = {key: ckpt[key] for key in state}
-        generator.set_state(ckpt["generator"])
+    lut = vocab_lut(draft_ids, vocab_size)
+    optimizer, state, generator = training_state(model, config, ckpt)
     _log_segment(run, config, state, data, response_shards + text_shards)
     responses = Stream(response_shards)
     n_resp = round(config.batch_size * config.response_share) if text_shards else config.batch_size
