@@ -34,6 +34,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from specdec.packed import PackedLinear, pack_linears, packing_available
 from specdec.tree import ancestor_matrix
 from specdec.vocab import scatter_head
 
@@ -189,46 +190,71 @@ AttentionInterface.register(ATTENTION, tree_attention)
 ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)  # other callers of the model get sdpa's masks
 
 
+def _bf16_linear(weight: torch.Tensor) -> torch.nn.Module:
+    """weight [out, in] (bf16) -> the linear layer a bf16 CPU model runs here: packed where oneDNN can
+    (`specdec.packed`, what `load_model` and `TreeLM` install), else a plain `nn.Linear`."""
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype)
+    linear.weight.data = weight
+    linear.requires_grad_(False)
+    return PackedLinear(linear) if packing_available() else linear
+
+
 @cache
 def bf16_is_row_invariant(rows: int = MAX_INVARIANT_ROWS) -> bool:
     """Whether this machine's bfloat16 matmuls give each row the same bits whatever the row count (1..`rows`).
 
-    Probed once per process on random weights of a small target's shapes; a CPU without native bf16 (or a
-    BLAS that changes kernels with the row count) fails it, and `--dtype auto` then keeps float32.
+    Probed once per process on random weights of a small target's shapes, with the linear layer the models run
+    (`_bf16_linear`); a CPU without native bf16 (or a BLAS that changes kernels with the row count) fails it, and
+    `--dtype auto` then keeps float32.
     """
     g = torch.Generator().manual_seed(0)
     for out_features, in_features in ((576, 576), (1536, 576), (576, 1536), (8192, 576)):
-        w = (torch.randn(out_features, in_features, generator=g) * 0.05).bfloat16()
+        linear = _bf16_linear((torch.randn(out_features, in_features, generator=g) * 0.05).bfloat16())
         x = torch.randn(rows, in_features, generator=g).bfloat16()
-        single = torch.cat([F.linear(x[i: i + 1], w) for i in range(rows)])  # [rows, out]
-        if any(not torch.equal(F.linear(x[:n], w), single[:n]) for n in range(2, rows + 1)):
+        single = torch.cat([linear(x[i: i + 1]) for i in range(rows)])  # [rows, out]
+        if any(not torch.equal(linear(x[:n]), single[:n]) for n in range(2, rows + 1)):
             return False
     return True
 
 
-def bf16_step_speedup(trials: int = 5, repeats: int = 10) -> float:
-    """How many times faster a bfloat16 decode step's matmuls (one row, a small target's shapes) run than float32
-    ones on this machine: the best of `trials` interleaved timings of each, so a busy moment cannot decide it.
+# A decode step of a small target (SmolLM2-135M: per layer q, k, v, o, gate, up, down) over 8 of its 30 layers, so
+# the weights (106 MB in float32) stream from memory as a real step's do, and a verification block of 6 rows.
+_PROBE_SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)] * 8
+_PROBE_BLOCK = 6
 
-    Where bf16 CPU kernels carry a per-call cost (seen on an Intel Xeon with AMX: a 576x576 bf16 matmul of one row
-    took 0.087 ms against 0.028 ms in float32) this is below 1.
+
+@torch.inference_mode()
+def bf16_speedup(trials: int = 5) -> float:
+    """How many times faster this machine runs a speculative round's matmuls (a one-row decode step plus a
+    `_PROBE_BLOCK`-row verification block) in bfloat16 than in float32: the best of `trials` interleaved timings
+    of each, so a busy moment cannot decide it.
+
+    Both halves count because speculative decoding spends its time in both: in float32 a CPU's matmuls with a few
+    rows cost up to twice one row's, in bf16 about the same (module docstring). Where bf16 CPU kernels carry a
+    per-call cost and cannot be packed (`specdec.packed`), this falls near or below 1.
     """
     g = torch.Generator().manual_seed(0)
-    shapes = [(576, 576)] * 2 + [(192, 576)] * 2 + [(1536, 576)] * 2 + [(576, 1536), (8192, 576)]
     cases = {}
     for dtype in (torch.float32, torch.bfloat16):
-        weights = [(torch.randn(o, i, generator=g) * 0.05).to(dtype) for o, i in shapes]
-        cases[dtype] = (weights, [torch.randn(1, i, generator=g).to(dtype) for _, i in shapes])
-    for weights, xs in cases.values():  # warm-up
-        for w, x in zip(weights, xs):
-            F.linear(x, w)
+        weights = [(torch.randn(o, i, generator=g) * 0.05).to(dtype) for o, i in _PROBE_SHAPES]
+        layers = [_bf16_linear(w) for w in weights] if dtype == torch.bfloat16 else \
+            [lambda x, w=w: F.linear(x, w) for w in weights]
+        inputs = {rows: {i: torch.randn(rows, i, generator=g).to(dtype) for i in (576, 1536)}
+                  for rows in (1, _PROBE_BLOCK)}
+        cases[dtype] = (layers, inputs)
+
+    def round_(layers: list, inputs: dict) -> None:
+        for rows in inputs:
+            for layer, (_, in_features) in zip(layers, _PROBE_SHAPES):
+                layer(inputs[rows][in_features])
+
+    for case in cases.values():  # warm-up
+        round_(*case)
     best = {dtype: float("inf") for dtype in cases}
     for _ in range(trials):
-        for dtype, (weights, xs) in cases.items():
+        for dtype, case in cases.items():
             t0 = time.perf_counter()
-            for _ in range(repeats):
-                for w, x in zip(weights, xs):
-                    F.linear(x, w)
+            round_(*case)
             best[dtype] = min(best[dtype], time.perf_counter() - t0)
     return best[torch.float32] / best[torch.bfloat16]
 
@@ -261,6 +287,8 @@ class TreeLM:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.row_invariant = row_invariant_by_default(self.device) if row_invariant is None else row_invariant
+        if self.row_invariant and self.dtype == torch.bfloat16 and self.device.type == "cpu":
+            pack_linears(model)  # the row-invariant bf16 kernel `bf16_is_row_invariant` checked (no-op if done)
         self.head_ids = head_ids.to(self.device) if head_ids is not None else None
         self.pad_blocks = pad_blocks or {}
         self.vocab_size = model.get_output_embeddings().weight.shape[0]

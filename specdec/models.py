@@ -21,6 +21,8 @@ import torch
 from safetensors.torch import save_model
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from specdec.packed import pack_linears
+
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_TARGET = "smollm2-135m-instruct"
 DEFAULT_MAMBA = "mamba-smollm2"
@@ -115,20 +117,23 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 BF16_MIN_SPEEDUP = 1.15  # below this, float32's extra precision is worth more than bf16's speed
+_PROBE_VERSION = 2  # 2: packed bf16 linears, a decode step plus a verification block (1: one-row step only)
 
 
 def cpu_auto_dtype() -> torch.dtype:
     """The target's `auto` dtype on this CPU: bfloat16 where its bf16 matmuls are row-invariant (the verifier's
-    logits are then bitwise those of single decode steps, see `specdec.kvcache`) and a decode step's matmuls run at
-    least `BF16_MIN_SPEEDUP` times faster than in float32; float32 elsewhere.
+    logits are then bitwise those of single decode steps, see `specdec.kvcache`) and a speculative round's matmuls
+    (a decode step and a verification block, `bf16_speedup`) run at least `BF16_MIN_SPEEDUP` times faster than in
+    float32; float32 elsewhere.
 
     The answer changes which tokens greedy decoding prints (each precision is exact to itself, not to the other), so
     it must not flip between runs on one machine: it is probed once and kept in `probe_file()`, keyed by the CPU,
     torch's version and the thread count, and every later process (the app, the CLI, the benchmark) reads it.
     """
-    from specdec.kvcache import bf16_is_row_invariant, bf16_step_speedup
+    from specdec.kvcache import bf16_is_row_invariant, bf16_speedup
 
-    key = f"{_cpu_name()}|torch {torch.__version__}|{torch.get_num_threads()} threads|{platform.machine()}"
+    key = f"{_cpu_name()}|torch {torch.__version__}|{torch.get_num_threads()} threads|{platform.machine()}|" \
+          f"probe {_PROBE_VERSION}"
     path = probe_file()
     try:
         known = json.loads(path.read_text())
@@ -136,9 +141,9 @@ def cpu_auto_dtype() -> torch.dtype:
         known = {}
     if key not in known:
         exact = cpu_has_native_bf16() and bf16_is_row_invariant()
-        speedup = bf16_step_speedup() if exact else 0.0
+        speedup = bf16_speedup() if exact else 0.0
         known[key] = {"dtype": "bfloat16" if exact and speedup >= BF16_MIN_SPEEDUP else "float32",
-                      "bf16_row_invariant": exact, "bf16_step_speedup": round(speedup, 3)}
+                      "bf16_row_invariant": exact, "bf16_speedup": round(speedup, 3)}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_suffix(f".{os.getpid()}.tmp")
@@ -291,7 +296,7 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype, vocab_size: 
     try:
         if preset and preset.random:
             model = build_random_model(preset.random, vocab_size or 49152)
-            return LoadedModel(spec, model.to(device=device, dtype=dtype).eval(), None, f"random {preset.random}")
+            return LoadedModel(spec, _ready(model.to(dtype=dtype), device), None, f"random {preset.random}")
         if preset and preset.package:
             file = _package_file(*preset.package)
             source, gguf = (str(file.parent), file.name) if file else (preset.hub_id, None)
@@ -312,7 +317,15 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype, vocab_size: 
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         offline = " (the hub is unreachable from here)" if os.environ.get("HF_HUB_OFFLINE") else ""
         raise ModelLoadError(f"could not load model {spec!r}{offline}: {first_line}") from err
-    return LoadedModel(spec, model.to(device).eval(), tokenizer, source + (f"/{gguf}" if gguf else ""))
+    return LoadedModel(spec, _ready(model, device), tokenizer, source + (f"/{gguf}" if gguf else ""))
+
+
+def _ready(model: PreTrainedModel, device: torch.device) -> PreTrainedModel:
+    """On `device`, in eval mode; a bfloat16 model on a CPU gets its linear layers packed (`specdec.packed`)."""
+    model = model.to(device).eval()
+    if device.type == "cpu" and model.dtype == torch.bfloat16:
+        pack_linears(model)
+    return model
 
 
 def _converted_folder(gguf: Path) -> Path | None:

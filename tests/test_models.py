@@ -87,16 +87,16 @@ def test_the_cpu_auto_dtype_is_probed_once_and_kept(monkeypatch, tmp_path):
     monkeypatch.setattr(models_module, "cpu_has_native_bf16", lambda: True)
     monkeypatch.setattr(kvcache, "bf16_is_row_invariant", lambda: True)
     speedups = iter([1.5, 0.9])
-    monkeypatch.setattr(kvcache, "bf16_step_speedup", lambda: next(speedups))
+    monkeypatch.setattr(kvcache, "bf16_speedup", lambda: next(speedups))
     assert models_module.resolve_dtype("auto", CPU) == torch.bfloat16
     assert models_module.resolve_dtype("auto", CPU) == torch.bfloat16  # kept: not probed again
     assert next(speedups) == 0.9
     (tmp_path / "cpu-dtype.json").unlink()
-    monkeypatch.setattr(kvcache, "bf16_step_speedup", lambda: models_module.BF16_MIN_SPEEDUP - 0.01)
+    monkeypatch.setattr(kvcache, "bf16_speedup", lambda: models_module.BF16_MIN_SPEEDUP - 0.01)
     assert models_module.resolve_dtype("auto", CPU) == torch.float32  # a near tie keeps float32
     monkeypatch.setattr(kvcache, "bf16_is_row_invariant", lambda: False)
     (tmp_path / "cpu-dtype.json").unlink()
-    monkeypatch.setattr(kvcache, "bf16_step_speedup", lambda: 3.0)
+    monkeypatch.setattr(kvcache, "bf16_speedup", lambda: 3.0)
     assert models_module.resolve_dtype("auto", CPU) == torch.float32  # fast but not exact: float32
 
 
