@@ -62,7 +62,8 @@ class PackedLinear(nn.Linear):
         self.packed_from = self._weight_key()
 
     def _weight_key(self) -> tuple[int, int]:
-        return self.weight.data_ptr(), self.weight._version
+        weight = self.weight  # an inference tensor keeps no version counter (nor may it change outside inference)
+        return weight.data_ptr(), 0 if weight.is_inference() else weight._version
 
     def __getstate__(self) -> dict:  # copies and pickles carry the weight; the packed copy is rebuilt from it
         return {key: value for key, value in super().__getstate__().items() if key not in ("packed", "packed_from")}
