@@ -48,7 +48,7 @@ def settings_panel() -> dict:
                                info="Children per node at each depth, for the fixed-tree and chain methods.")
         c["arms"] = gr.Textbox(label="Bandit arms", placeholder="e.g. 4; 2,2,1; 3,1,1",
                                info="Tree shapes the bandit chooses from, separated by ';'.")
-        c["lambda_ucb"] = gr.Slider(0.0, 1.0, value=0.1, step=0.05, label="λ_UCB",
+        c["lambda_ucb"] = gr.Slider(0.0, 1.0, value=0.3, step=0.05, label="λ_UCB",
                                     info="Weight of exploration in the bandit's UCB score")
         c["reward"] = gr.Radio([("paper: fewer target passes per token", "paper"),
                                 ("throughput: measured tokens/s", "throughput")], value="paper", label="Bandit reward")

@@ -31,7 +31,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--lambda-ucb", type=float, default=0.1)
+    g.add_argument("--lambda-ucb", type=float, default=GenerationConfig.lambda_ucb)
     g.add_argument("--lambda-gamma", type=float, default=0.1)
     g.add_argument("--reward", default="paper", choices=REWARDS)
     g.add_argument("--lookup-branch", type=int, default=GenerationConfig.lookup_branch,
