@@ -25,15 +25,60 @@ METHODS = {  # value -> (label in the UI, one-line explanation)
 }
 SETTINGS = ("method", "temperature", "max_new_tokens", "seed", "tree", "arms", "lambda_ucb", "reward", "lookup")
 
+# The page picks a method as a drafter and a way of drafting; value -> (label, what it costs and buys, {way: method})
+DRAFTERS = {
+    "mamba": ("Mamba (plug-in)", "Trained once on the target's answers; works beside any target with the same "
+              "tokenizer, with no retraining. Its state is fixed-size (1.4 MiB here) however long the text.",
+              {"ucb": "mamba-ucb", "tree": "mamba-tree", "chain": "mamba-chain"}),
+    "mamba-feat": ("Mamba reading the target", "Also reads the target's last hidden state, which each check "
+                   "computes anyway: more to go on per token, but trained for this one target (4.3 MB) and "
+                   "useless with any other.",
+                   {"ucb": "mamba-feat-ucb", "tree": "mamba-feat-tree", "chain": "mamba-feat-chain"}),
+    "tf": ("Transformer", "A small Transformer drafter: its KV cache, and its step, grow with the text.",
+           {"tree": "tf-tree", "chain": "tf-chain"}),
+    "lookup": ("None: prompt lookup", "No model: copies what followed the last matching words of the text. "
+               "Free; helps on summaries and edits.", {"chain": "lookup-chain"}),
+    "none": ("None: target only", "No drafting: the baseline every other choice is measured against.",
+             {"none": "ar"}),
+}
+WAYS = {"ucb": "Tree, shape chosen by a bandit", "tree": "Fixed tree", "chain": "Chain", "none": "One token per step"}
+
 
 def describe(method: str) -> str:
     return f"<span style='color:#444'>{METHODS[method][1]}</span>"
 
 
+def describe_drafter(drafter: str) -> str:
+    return f"<span style='color:#444'>{DRAFTERS[drafter][1]}</span>"
+
+
+def method_of(drafter: str, way: str) -> str:
+    """The method a drafter and a way of drafting name; a way the drafter lacks falls back to its first."""
+    ways = DRAFTERS[drafter][2]
+    return ways.get(way, next(iter(ways.values())))
+
+
+def on_drafter(drafter: str) -> tuple:
+    """A new drafter: its ways of drafting (the first chosen), the method they name, its cost line."""
+    ways = DRAFTERS[drafter][2]
+    first = next(iter(ways))
+    return (gr.Radio(choices=[(WAYS[w], w) for w in ways], value=first, interactive=len(ways) > 1),
+            ways[first], describe_drafter(drafter))
+
+
 def settings_panel() -> dict:
-    """Method and decoding settings, by the names of `SETTINGS`."""
-    c = {"method": gr.Radio([(v[0], k) for k, v in METHODS.items()], value="mamba-ucb", label="Method")}
+    """Method and decoding settings, by the names of `SETTINGS`.
+
+    The method is chosen as a drafter and a way of drafting; the `method` radio they set stays hidden, and is the
+    one input the handlers and the API read (so an API call may name any method)."""
+    drafter = gr.Radio([(v[0], k) for k, v in DRAFTERS.items()], value="mamba", label="Drafter", elem_id="drafter")
+    drafter_info = gr.HTML(describe_drafter("mamba"), elem_id="drafter-info")
+    way = gr.Radio([(WAYS[w], w) for w in DRAFTERS["mamba"][2]], value="ucb", label="Drafting", elem_id="way")
+    c = {"method": gr.Radio([(v[0], k) for k, v in METHODS.items()], value="mamba-ucb", label="Method",
+                            visible=False)}
     info = gr.HTML(describe("mamba-ucb"), elem_id="method-info")
+    drafter.input(on_drafter, drafter, [way, c["method"], drafter_info], api_name=False, queue=False)
+    way.input(method_of, [drafter, way], c["method"], api_name=False, queue=False)
     c["method"].change(describe, c["method"], info, api_name=False, queue=False)
     c["temperature"] = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature",
                                  info="0 = greedy: always the most likely token")

@@ -97,6 +97,9 @@ def boxes(record: RoundRecord) -> list[Box]:
             tip += "\ncopied from the context (prompt lookup): q = 1"
         elif n.parent >= 0:
             tip += f"\nq (drafter) = {n.q:.3f}"
+            if record.drafter_read_target:  # see `specdec.drafters.mamba_feat`: real features up to the root
+                tip += ("\ndrafted from the target's hidden state at the last accepted token" if n.depth == 1 else
+                        "\ndrafted from the drafter's own guesses of the target's hidden state above it")
         if n.parent >= 0:
             tip += f"\np (target) = {n.p:.3f}"
         out.append(Box(n.index, n.parent, n.depth, visible(n.text), kind, tip, n.copied))

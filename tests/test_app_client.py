@@ -132,6 +132,22 @@ def test_every_engine_method_has_a_label_in_the_app():
     assert set(app.METHODS) == set(METHODS)
 
 
+def test_the_drafter_and_way_controls_reach_every_method_once():
+    from demo.live import DRAFTERS, method_of, on_drafter
+    from specdec.config import METHODS
+
+    named = [method for _, _, ways in DRAFTERS.values() for method in ways.values()]
+    assert sorted(named) == sorted(METHODS)  # every method once, nothing else
+    for drafter, (_, _, ways) in DRAFTERS.items():
+        for way, method in ways.items():
+            assert method_of(drafter, way) == method
+            assert METHODS[method].drafter == {"mamba": "mamba", "mamba-feat": "mamba-feat", "tf": "transformer",
+                                               "lookup": "lookup", "none": "none"}[drafter]
+        radio, method, _ = on_drafter(drafter)
+        assert method == next(iter(ways.values())) and radio.value == next(iter(ways))
+    assert method_of("tf", "ucb") == "tf-tree"  # a way the Transformer drafter lacks: its first
+
+
 def test_lookup_checkbox_sets_the_engine_default_branch():
     from specdec.config import LOOKUP_BRANCH, GenerationConfig
 

@@ -183,6 +183,9 @@ def test_round_caption_says_what_happened():
     reading.drafter_read_target = True  # a mamba-feat round says so
     assert round_caption(reading).startswith("Round 1: the drafter proposed 4 tokens in a (2,1) tree (it read the "
                                              "target's hidden state at the last accepted token")
+    tips = {b.depth: b.tip for b in boxes(reading) if b.kind != "target"}
+    assert "hidden state at the last accepted token" in tips[1] and "own guesses" in tips[2]
+    assert all("hidden state" not in b.tip for b in boxes(tree_with_correction()))  # a plug-in drafter's: silent
 
 
 def test_round_caption_for_rejections_and_target_only():
