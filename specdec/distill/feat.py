@@ -359,15 +359,26 @@ Spent: {counters['step']:,} steps, {counters['tokens']:,} window tokens, {counte
 {chr(10).join(rows)}
 
 ## Reproduce
+One `teacher` / `features` / `train` group per training segment (a resumed run continues with more data):
 ```
 python -m specdec.distill corpus
-python -m specdec.distill teacher --response-shards 0 --text-features --text-minutes 45
-python -m specdec.distill features
-python -m specdec.distill train --arch mamba-feat --name {name} --minutes {segments[-1]['minutes']} --seq-len {config['seq_len']} --train-batch {config['batch_size']} --lr {config['lr']} --eval-every {config['eval_every']} --threads {config.get('threads') or 2}
+{chr(10).join(_segment_commands(name, config, segment) for segment in segments)}
 python -m specdec.distill evaluate --name {name}
 python -m specdec.distill export --name {name}
 ```
 """
+
+
+def _segment_commands(name: str, config: dict, segment: dict) -> str:
+    """The commands that gave one training segment its data and its steps."""
+    return "\n".join([
+        f"python -m specdec.distill teacher --response-shards {segment['response_shards']} "
+        f"--text-shards {segment['text_shards']} --text-features",
+        "python -m specdec.distill features",
+        f"python -m specdec.distill train --arch mamba-feat --name {name} --minutes {segment['minutes']} "
+        f"--response-share {segment['response_share']} --seq-len {segment['seq_len']} "
+        f"--train-batch {segment['batch_size']} --lr {segment['lr']} --eval-every {segment['eval_every']} "
+        f"--threads {segment.get('threads') or 2}"])
 
 
 def export_feat(run: Path, folder: Path) -> Path:
