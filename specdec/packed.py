@@ -58,7 +58,9 @@ class PackedLinear(nn.Linear):
         self.repack()
 
     def repack(self) -> None:
-        self.packed = _pack(self.weight)
+        """Pack the weight again (a weight moved off the CPU or out of bf16 is left unpacked: `F.linear` runs)."""
+        cpu_bf16 = self.weight.device.type == "cpu" and self.weight.dtype == torch.bfloat16
+        self.packed = _pack(self.weight) if cpu_bf16 else None
         self.packed_from = self._weight_key()
 
     def _weight_key(self) -> tuple[int, int]:

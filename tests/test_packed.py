@@ -41,7 +41,9 @@ def test_packing_follows_the_weight_and_survives_copies():
     assert torch.allclose(packed(x).float(), 2 * before.float(), rtol=0.02, atol=0.02)
     clone = copy.deepcopy(packed)
     assert torch.equal(clone(x), packed(x)) and clone.weight.data_ptr() != packed.weight.data_ptr()
-    assert torch.equal(packed.float()(x.float()), F.linear(x.float(), linear.weight.float()))  # other dtype: F.linear
+    as_float = packed.float()  # another dtype: F.linear, and copies of it need no packing
+    assert torch.equal(as_float(x.float()), F.linear(x.float(), linear.weight.float()))
+    assert copy.deepcopy(as_float).packed is None
 
 
 def test_pack_linears_keeps_tied_weights_and_autograd():
