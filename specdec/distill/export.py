@@ -62,11 +62,14 @@ def _segments(run: Path, config: dict, teacher_summary: dict) -> list[dict]:
 def _reproduce(name: str, config: dict, segments: list[dict]) -> str:
     """The commands that rebuild the run: per segment, the teacher data it saw, then its training budget."""
     lines = ["python -m specdec.distill corpus"]
+    features = config["arch"] == "mamba-feat"  # its teacher data carries the target's features too
     for seg in segments:
         sampled = (f" --sampled-passes {seg['sampled_passes']} --sampling-temperature {seg['sampling_temperature']:g} "
                    f"--sampled-shards {seg['sampled_shards']}" if seg.get("sampled_shards") else "")
         lines.append(f"python -m specdec.distill teacher --response-shards {seg['response_shards']} "
-                     f"--text-shards {seg['text_shards']}{sampled}")
+                     f"--text-shards {seg['text_shards']}{sampled}" + (" --text-features" if features else ""))
+        if features:
+            lines.append("python -m specdec.distill features")
         lines.append(f"python -m specdec.distill train --arch {config['arch']} --name {name} "
                      f"--minutes {seg['minutes']}" + (f" --max-tokens {seg['max_tokens']}" if seg['max_tokens'] else "")
                      + f" --draft-vocab {config['draft_vocab']} --response-share {seg['response_share']} "

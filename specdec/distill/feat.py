@@ -26,11 +26,12 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from specdec.distill.export import _reproduce, folder_bytes
 from specdec.distill.teacher import Shard, _pending, _shards_of, load_shards, save_shard, text_windows, top_k_logp, \
     _pack
 from specdec.distill.train import (TrainConfig, _data_record, _log_segment, _progress, choose_draft_vocab,
                                    distill_loss, learning_rate, mixer_forward, response_folders, training_state,
-                                   vocab_lut)
+                                   read_segments, vocab_lut)
 from specdec.distill.train import _save as save_checkpoint
 from specdec.drafters.mamba_feat import FeatConfig, MambaFeatModel
 from specdec.vocab import load_draft_vocab
@@ -322,7 +323,7 @@ def model_card(name: str, run: Path, report: dict, counters: dict, size: int) ->
         acc = point["acceptance"]
         rows.append(f"| {point['step']} | {point['tokens']:,} | {point['wall_s'] / 60:.1f} | {point['loss']:.3f} "
                     f"| {acc.get('real', float('nan')):.3f} | {acc.get('guessed', float('nan')):.3f} |")
-    segments = [json.loads(line) for line in (run / "segments.jsonl").read_text().splitlines()]
+    segments = read_segments(run)
     engine_line = (f"engine `mamba-feat-chain` (chain of 4, greedy, {engine['prompts']} held-out prompts, "
                    f"{engine['max_new_tokens']} new tokens): acceptance {engine['acceptance_rate']:.3f}, "
                    f"{engine['mean_accepted_len']:.2f} tokens per round, {engine['speedup']:.2f}x the target alone, "
@@ -361,30 +362,15 @@ Spent: {counters['step']:,} steps, {counters['tokens']:,} window tokens, {counte
 ## Reproduce
 One `teacher` / `features` / `train` group per training segment (a resumed run continues with more data):
 ```
-python -m specdec.distill corpus
-{chr(10).join(_segment_commands(name, config, segment) for segment in segments)}
+{_reproduce(name, config, segments)}
 python -m specdec.distill evaluate --name {name}
 python -m specdec.distill export --name {name}
 ```
 """
 
 
-def _segment_commands(name: str, config: dict, segment: dict) -> str:
-    """The commands that gave one training segment its data and its steps."""
-    return "\n".join([
-        f"python -m specdec.distill teacher --response-shards {segment['response_shards']} "
-        f"--text-shards {segment['text_shards']} --text-features",
-        "python -m specdec.distill features",
-        f"python -m specdec.distill train --arch mamba-feat --name {name} --minutes {segment['minutes']} "
-        f"--response-share {segment['response_share']} --seq-len {segment['seq_len']} "
-        f"--train-batch {segment['batch_size']} --lr {segment['lr']} --eval-every {segment['eval_every']} "
-        f"--threads {segment.get('threads') or 2}"])
-
-
 def export_feat(run: Path, folder: Path) -> Path:
     """The run's drafter (bfloat16) and its card into `folder` (e.g. assets/drafters/mamba-feat-smollm2)."""
-    from specdec.distill.export import folder_bytes
-
     model, draft_ids, counters = load_feat_run(run)
     model.save(folder, draft_ids)
     report = json.loads((run / "eval.json").read_text())
