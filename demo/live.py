@@ -44,12 +44,16 @@ DRAFTERS = {
 WAYS = {"ucb": "Tree, shape chosen by a bandit", "tree": "Fixed tree", "chain": "Chain", "none": "One token per step"}
 
 
+def _note(text: str) -> str:
+    return f"<span style='color:#444'>{text}</span>"
+
+
 def describe(method: str) -> str:
-    return f"<span style='color:#444'>{METHODS[method][1]}</span>"
+    return _note(METHODS[method][1])
 
 
 def describe_drafter(drafter: str) -> str:
-    return f"<span style='color:#444'>{DRAFTERS[drafter][1]}</span>"
+    return _note(DRAFTERS[drafter][1])
 
 
 def method_of(drafter: str, way: str) -> str:

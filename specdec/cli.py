@@ -55,12 +55,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
                               lambda_ucb=args.lambda_ucb, lambda_gamma=args.lambda_gamma, reward=args.reward,
                               lookup_branch=args.lookup_branch)
     config.validate()  # fail on bad settings before any model loads
-    drafter_kind = config.spec.drafter
-    models = Models(target=args.target,
-                    mamba_drafter=args.drafter if args.drafter and drafter_kind == "mamba" else DEFAULT_MAMBA,
-                    tf_drafter=args.drafter if args.drafter and drafter_kind == "transformer" else DEFAULT_TF,
-                    device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
-                    feat_drafter=args.drafter if args.drafter and drafter_kind == "mamba-feat" else DEFAULT_MAMBA_FEAT)
+    drafters = {"mamba": DEFAULT_MAMBA, "transformer": DEFAULT_TF, "mamba-feat": DEFAULT_MAMBA_FEAT}
+    if args.drafter and config.spec.drafter in drafters:  # --drafter replaces the method's own kind
+        drafters[config.spec.drafter] = args.drafter
+    models = Models(target=args.target, mamba_drafter=drafters["mamba"], tf_drafter=drafters["transformer"],
+                    feat_drafter=drafters["mamba-feat"], device=args.device, dtype=args.dtype,
+                    drafter_dtype=args.drafter_dtype)
     summary: Summary | None = None
     for event in generate(models, args.prompt, config, chat=not args.no_chat):
         if isinstance(event, RoundRecord):

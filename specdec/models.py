@@ -154,11 +154,16 @@ def cpu_auto_dtype() -> torch.dtype:
     return _DTYPES[known[key]["dtype"]]
 
 
-def probe_file() -> Path:
-    """Where `cpu_auto_dtype` keeps its answer: `$SPECDEC_CACHE` or `~/.cache/specdec`, file `cpu-dtype.json`."""
+def cache_dir() -> Path:
+    """This machine's specdec cache: `$SPECDEC_CACHE`, else `$XDG_CACHE_HOME/specdec` or `~/.cache/specdec`."""
     if os.environ.get("SPECDEC_CACHE"):
-        return Path(os.environ["SPECDEC_CACHE"]) / "cpu-dtype.json"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specdec" / "cpu-dtype.json"
+        return Path(os.environ["SPECDEC_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specdec"
+
+
+def probe_file() -> Path:
+    """Where `cpu_auto_dtype` keeps its answer."""
+    return cache_dir() / "cpu-dtype.json"
 
 
 def _cpu_name() -> str:
@@ -331,7 +336,7 @@ def _ready(model: PreTrainedModel, device: torch.device) -> PreTrainedModel:
 def _converted_folder(gguf: Path) -> Path | None:
     """Where a GGUF model is kept once converted (float32 safetensors and its tokenizer), so later loads take a
     second instead of dequantising again (about 20 s for SmolLM2-135M on a 2-core CPU). Keyed by the file and the
-    transformers version that converted it; `SPECDEC_CACHE` moves it (see `probe_file`), `SPECDEC_GGUF_CACHE=0`
+    transformers version that converted it, in `cache_dir()`; `SPECDEC_GGUF_CACHE=0`
     turns it off."""
     import hashlib
 
@@ -344,7 +349,7 @@ def _converted_folder(gguf: Path) -> Path | None:
     except OSError:
         return None
     key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}".encode())
-    return probe_file().parent / "converted" / f"{gguf.stem}-{key.hexdigest()[:16]}"
+    return cache_dir() / "converted" / f"{gguf.stem}-{key.hexdigest()[:16]}"
 
 
 def _keep_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, folder: Path) -> None:
