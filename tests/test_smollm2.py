@@ -111,6 +111,8 @@ def test_cli_json(fast_threads):
     (["--prompt", "hi", "--method", "mamba-tree", "--tree", "3,,1"], "malformed tree shape"),
     (["--prompt", "hi", "--target", "nobody/no-such-model"], "model 'nobody/no-such-model' cannot be loaded"),
     (["--prompt", "hi", "--target", "no-such-preset"], "unknown model 'no-such-preset'"),
+    (["--prompt", "hi", "--method", "mamba-feat-chain", "--drafter", "no-such-drafter"],  # the method's own kind
+     "unknown drafter 'no-such-drafter'"),
 ])
 def test_cli_errors_are_one_clear_line(args, message, capsys):
     """In-process (`test_cli_json` runs the real command line): exit status 2 and one `error:` line, no traceback."""
