@@ -27,7 +27,7 @@ import gradio as gr
 from demo import presenter
 from demo.compare import compare_html
 from demo.explainer import explainer_html
-from demo.live import LOOKUP_BRANCH, METHODS, SETTINGS, live_panel
+from demo.live import LAMBDA_UCB, LOOKUP_BRANCH, METHODS, SETTINGS, live_panel
 from demo.plots import bandit_figure, memory_figure, speed_figure
 from demo.prompts import load_prompts
 from demo.replay import recorded_runs
@@ -304,7 +304,7 @@ def wire_live(engine: Engine, live: dict, session: gr.State, outputs: list, limi
         return plain_answer(summary)
 
     async def complete(prompt: str, method: str = "mamba-ucb", temperature: float = 0.0, max_new_tokens: int = 96,
-                       seed: int = 0, tree: str | None = None, arms: str | None = None, lambda_ucb: float = 0.3,
+                       seed: int = 0, tree: str | None = None, arms: str | None = None, lambda_ucb: float = LAMBDA_UCB,
                        reward: str = "paper", lookup: bool = True) -> dict:
         """Decode `prompt` to the end and return the answer as JSON: text, token ids and the run's figures."""
         settings = settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup,

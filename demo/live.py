@@ -6,6 +6,7 @@ import gradio as gr
 
 LOOKUP_BRANCH = 6  # tokens of the prompt-lookup branch when it is switched on (specdec.config.LOOKUP_BRANCH)
 LOOKUP_DEFAULT = True
+LAMBDA_UCB = 0.3  # the bandit's default exploration weight (specdec.config.GenerationConfig.lambda_ucb)
 
 METHODS = {  # value -> (label in the UI, one-line explanation)
     "mamba-ucb": ("Mamba tree + bandit", "A Mamba drafter drafts a tree; a UCB bandit picks its shape each round."),
@@ -97,7 +98,7 @@ def settings_panel() -> dict:
                                info="Children per node at each depth, for the fixed-tree and chain methods.")
         c["arms"] = gr.Textbox(label="Bandit arms", placeholder="e.g. 4; 2,2,1; 3,1,1",
                                info="Tree shapes the bandit chooses from, separated by ';'.")
-        c["lambda_ucb"] = gr.Slider(0.0, 1.0, value=0.3, step=0.05, label="λ_UCB",
+        c["lambda_ucb"] = gr.Slider(0.0, 1.0, value=LAMBDA_UCB, step=0.05, label="λ_UCB",
                                     info="Weight of exploration in the bandit's UCB score")
         c["reward"] = gr.Radio([("paper: fewer target passes per token", "paper"),
                                 ("throughput: measured tokens/s", "throughput")], value="paper", label="Bandit reward")

@@ -152,6 +152,7 @@ def test_lookup_checkbox_sets_the_engine_default_branch():
     from specdec.config import LOOKUP_BRANCH, GenerationConfig
 
     assert app.LOOKUP_BRANCH == LOOKUP_BRANCH  # the app keeps its own copy to avoid importing torch at start-up
+    assert app.LAMBDA_UCB == GenerationConfig.lambda_ucb  # likewise the bandit's default exploration weight
     args = {k: v for k, v in ARGS.items() if k != "lookup"}
     on, off = app.settings_of(**args, lookup=True), app.settings_of(**args, lookup=False)
     assert GenerationConfig(**on).validate().grafts_lookup and not GenerationConfig(**off).grafts_lookup
