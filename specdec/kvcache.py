@@ -24,7 +24,6 @@ accepted entries into place: its cost grows with the accepted tokens, not with t
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -215,48 +214,6 @@ def bf16_is_row_invariant(rows: int = MAX_INVARIANT_ROWS) -> bool:
         if any(not torch.equal(linear(x[:n]), single[:n]) for n in range(2, rows + 1)):
             return False
     return True
-
-
-# A decode step of a small target (SmolLM2-135M: per layer q, k, v, o, gate, up, down) over 8 of its 30 layers, so
-# the weights (106 MB in float32) stream from memory as a real step's do, and a verification block of 6 rows.
-_PROBE_SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)] * 8
-_PROBE_BLOCK = 6
-
-
-@torch.inference_mode()
-def bf16_speedup(trials: int = 5) -> float:
-    """How many times faster this machine runs a speculative round's matmuls (a one-row decode step plus a
-    `_PROBE_BLOCK`-row verification block) in bfloat16 than in float32: the best of `trials` interleaved timings
-    of each, so a busy moment cannot decide it.
-
-    Both halves count because speculative decoding spends its time in both: in float32 a CPU's matmuls with a few
-    rows cost up to twice one row's, in bf16 about the same (module docstring). Where bf16 CPU kernels carry a
-    per-call cost and cannot be packed (`specdec.packed`), this falls near or below 1.
-    """
-    g = torch.Generator().manual_seed(0)
-    cases = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        weights = [(torch.randn(o, i, generator=g) * 0.05).to(dtype) for o, i in _PROBE_SHAPES]
-        layers = [_bf16_linear(w) for w in weights] if dtype == torch.bfloat16 else \
-            [lambda x, w=w: F.linear(x, w) for w in weights]
-        inputs = {rows: {i: torch.randn(rows, i, generator=g).to(dtype) for i in (576, 1536)}
-                  for rows in (1, _PROBE_BLOCK)}
-        cases[dtype] = (layers, inputs)
-
-    def round_(layers: list, inputs: dict) -> None:
-        for rows in inputs:
-            for layer, (_, in_features) in zip(layers, _PROBE_SHAPES):
-                layer(inputs[rows][in_features])
-
-    for case in cases.values():  # warm-up
-        round_(*case)
-    best = {dtype: float("inf") for dtype in cases}
-    for _ in range(trials):
-        for dtype, case in cases.items():
-            t0 = time.perf_counter()
-            round_(*case)
-            best[dtype] = min(best[dtype], time.perf_counter() - t0)
-    return best[torch.float32] / best[torch.bfloat16]
 
 
 def row_invariant_by_default(device: torch.device) -> bool:

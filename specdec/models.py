@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import save_model
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from specdec.packed import pack_linears
+from specdec.packed import pack_linears, packing_available
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_TARGET = "smollm2-135m-instruct"
@@ -116,21 +116,23 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-BF16_MIN_SPEEDUP = 1.15  # below this, float32's extra precision is worth more than bf16's speed
-_PROBE_VERSION = 2  # 2: packed bf16 linears, a decode step plus a verification block (1: one-row step only)
+_PROBE_VERSION = 3  # 3: decided by exactness and the packed kernel, not timed (2: timed, packed; 1: timed, one row)
 
 
 def cpu_auto_dtype() -> torch.dtype:
-    """The target's `auto` dtype on this CPU: bfloat16 where its bf16 matmuls are row-invariant (the verifier's
-    logits are then bitwise those of single decode steps, see `specdec.kvcache`) and a speculative round's matmuls
-    (a decode step and a verification block, `bf16_speedup`) run at least `BF16_MIN_SPEEDUP` times faster than in
-    float32; float32 elsewhere.
+    """The target's `auto` dtype on this CPU: bfloat16 where it is exact and fast by construction, float32 elsewhere.
+
+    Exact: the CPU multiplies bf16 natively (AVX512-BF16 or AMX) and its bf16 matmuls, as the models run them, are
+    row-invariant (`bf16_is_row_invariant`), so the verifier's logits are bitwise those of single decode steps.
+    Fast: oneDNN can pack the bf16 weights once (`specdec.packed`), which removes the per-call weight reorder that
+    makes a plain bf16 decode step no faster than float32 (README, "Exact in bfloat16"). The decision uses no
+    timing: a timing taken while the machine is busy (a test suite, another tenant) once kept float32 for good.
 
     The answer changes which tokens greedy decoding prints (each precision is exact to itself, not to the other), so
     it must not flip between runs on one machine: it is probed once and kept in `probe_file()`, keyed by the CPU,
     torch's version and the thread count, and every later process (the app, the CLI, the benchmark) reads it.
     """
-    from specdec.kvcache import bf16_is_row_invariant, bf16_speedup
+    from specdec.kvcache import bf16_is_row_invariant
 
     key = f"{_cpu_name()}|torch {torch.__version__}|{torch.get_num_threads()} threads|{platform.machine()}|" \
           f"probe {_PROBE_VERSION}"
@@ -140,10 +142,11 @@ def cpu_auto_dtype() -> torch.dtype:
     except (OSError, ValueError):
         known = {}
     if key not in known:
-        exact = cpu_has_native_bf16() and bf16_is_row_invariant()
-        speedup = bf16_speedup() if exact else 0.0
-        known[key] = {"dtype": "bfloat16" if exact and speedup >= BF16_MIN_SPEEDUP else "float32",
-                      "bf16_row_invariant": exact, "bf16_speedup": round(speedup, 3)}
+        native = cpu_has_native_bf16()
+        exact = native and bf16_is_row_invariant()
+        packed = packing_available()
+        known[key] = {"dtype": "bfloat16" if exact and packed else "float32", "native_bf16": native,
+                      "bf16_row_invariant": exact, "bf16_packing": packed}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_suffix(f".{os.getpid()}.tmp")

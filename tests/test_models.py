@@ -1,5 +1,6 @@
 """Model presets: a shipped drafter that is missing is one error naming the file, never a random stand-in."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -80,24 +81,32 @@ def test_the_cli_says_which_drafter_is_missing(no_drafters, capsys, method, pres
 
 
 def test_the_cpu_auto_dtype_is_probed_once_and_kept(monkeypatch, tmp_path):
-    """`auto` decides which tokens greedy prints, so a noisy timing must not flip it between processes."""
+    """`auto` decides which tokens greedy prints: bfloat16 only where it is exact (native bf16, row-invariant
+    matmuls) and the packed kernel is there; decided once per machine and kept, so a later process cannot flip it."""
     import specdec.kvcache as kvcache
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
-    monkeypatch.setattr(models_module, "cpu_has_native_bf16", lambda: True)
-    monkeypatch.setattr(kvcache, "bf16_is_row_invariant", lambda: True)
-    speedups = iter([1.5, 0.9])
-    monkeypatch.setattr(kvcache, "bf16_speedup", lambda: next(speedups))
+    checks = {"native": True, "invariant": True, "packing": True}
+    calls = []
+
+    def invariant():
+        calls.append(1)
+        return checks["invariant"]
+
+    monkeypatch.setattr(models_module, "cpu_has_native_bf16", lambda: checks["native"])
+    monkeypatch.setattr(kvcache, "bf16_is_row_invariant", invariant)
+    monkeypatch.setattr(models_module, "packing_available", lambda: checks["packing"])
     assert models_module.resolve_dtype("auto", CPU) == torch.bfloat16
+    checks["invariant"] = False
     assert models_module.resolve_dtype("auto", CPU) == torch.bfloat16  # kept: not probed again
-    assert next(speedups) == 0.9
-    (tmp_path / "cpu-dtype.json").unlink()
-    monkeypatch.setattr(kvcache, "bf16_speedup", lambda: models_module.BF16_MIN_SPEEDUP - 0.01)
-    assert models_module.resolve_dtype("auto", CPU) == torch.float32  # a near tie keeps float32
-    monkeypatch.setattr(kvcache, "bf16_is_row_invariant", lambda: False)
-    (tmp_path / "cpu-dtype.json").unlink()
-    monkeypatch.setattr(kvcache, "bf16_speedup", lambda: 3.0)
-    assert models_module.resolve_dtype("auto", CPU) == torch.float32  # fast but not exact: float32
+    assert len(calls) == 1
+    for missing in ("native", "invariant", "packing"):
+        checks.update(native=True, invariant=True, packing=True)
+        checks[missing] = False
+        (tmp_path / "cpu-dtype.json").unlink()
+        assert models_module.resolve_dtype("auto", CPU) == torch.float32, missing
+    kept = json.loads((tmp_path / "cpu-dtype.json").read_text())
+    assert [entry["dtype"] for entry in kept.values()] == ["float32"] and "bf16_packing" in next(iter(kept.values()))
 
 
 def test_a_converted_gguf_is_kept_exactly_and_read_back(monkeypatch, tmp_path):
