@@ -69,10 +69,24 @@ class Pass:
     mask: torch.Tensor | None = None  # block layout: [1, 1, n, length + S] additive tree mask (None: causal)
     padding_from: int | None = None  # region index of the first throw-away (padding) entry, whose output is unused
     order: list[int] = field(default_factory=list)  # rows in depth-first order (each row's branch is a prefix)
+    plan: list[tuple[int, int, list[int] | slice | None, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         rows = [r for r, path in enumerate(self.paths) if self.padding_from is None or path[-1] < self.padding_from]
         self.order = sorted(rows, key=lambda r: self.paths[r])
+        # The row layout's work list, the same for every layer, so it is worked out once per pass: per row in
+        # depth-first order, (row, buffer position to write at, region entries to write there or None, keys end).
+        written: list[int] = []  # region entries in the buffer after the prefix
+        for r in self.order:
+            path = self.paths[r]
+            same = 0
+            while same < min(len(written), len(path)) and written[same] == path[same]:
+                same += 1
+            entries = path[same:]
+            if entries and entries == list(range(entries[0], entries[0] + len(entries))):
+                entries = slice(entries[0], entries[0] + len(entries))  # a view, not a gather
+            self.plan.append((r, self.length + same, entries or None, self.length + len(path)))
+            written = path
 
 
 class TreeKV:
@@ -168,20 +182,14 @@ def _row_attention(tree_kv: TreeKV, layer: int, query: torch.Tensor, scaling: fl
     step = tree_kv.step
     _, heads, n, d = query.shape
     groups = heads // tree_kv.region_keys[layer].shape[1]  # query heads per key/value head (GQA)
+    rows = query[0].transpose(0, 1).reshape(n, -1, groups, d)  # [n, H_kv, groups, d], row r contiguous
+    keys, values = tree_kv.keys[layer], tree_kv.values[layer]
     out = query.new_zeros(1, n, heads, d)  # rows of padding entries stay zero: their logits are thrown away
-    written: list[int] = []  # region entries now in the buffer after the prefix
-    for r in step.order:
-        path = step.paths[r]
-        same = 0
-        while same < min(len(written), len(path)) and written[same] == path[same]:
-            same += 1
-        if same < len(path):
-            tree_kv.write(layer, step.length + same, path[same:])
-        written = path
-        end = step.length + len(path)
-        q = query[0, :, r].reshape(1, -1, groups, d).contiguous()  # [1, H_kv, groups, d]
-        k, v = tree_kv.keys[layer][:, :, :end], tree_kv.values[layer][:, :, :end]  # [1, H_kv, end, d]
-        out[0, r] = F.scaled_dot_product_attention(q, k, v, scale=scaling).reshape(heads, d)
+    for r, at, entries, end in step.plan:
+        if entries is not None:
+            tree_kv.write(layer, at, entries)
+        out[0, r] = F.scaled_dot_product_attention(rows[r: r + 1], keys[:, :, :end], values[:, :, :end],
+                                                   scale=scaling).reshape(heads, d)
     return out
 
 
