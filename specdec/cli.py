@@ -15,7 +15,7 @@ from specdec.records import RoundRecord, Summary
 DTYPE_HELP = ("target dtype: auto (bfloat16 on CUDA, and on a CPU whose bf16 matmuls are row-invariant, where it is "
               "exact, and faster than float32; else float32), float32, bfloat16 or float16")
 NO_GRAPHS_HELP = "on CUDA, step the Mamba drafter eagerly instead of replaying CUDA graphs (SPECDEC_CUDA_GRAPHS=0)"
-DRAFTER_DTYPE_HELP = ("drafter dtype: auto (bfloat16 on a CPU with native bf16, else the target's), float32, "
+DRAFTER_DTYPE_HELP = ("drafter dtype: auto (float32 on a CPU, else the target's), float32, "
                       "bfloat16 or float16")
 
 

@@ -222,7 +222,7 @@ def test_a_bandit_passed_in_keeps_learning_across_generations(tiny_models):
 
 @pytest.fixture(scope="module")
 def bf16_drafters(tiny_models):
-    """The tiny drafters in bfloat16 beside a float32 target, as `--drafter-dtype auto` picks on a bf16 CPU."""
+    """The tiny drafters in bfloat16 beside a float32 target, as `--drafter-dtype bfloat16` asks."""
     import copy
 
     from specdec.models import LoadedModel, Models
@@ -253,13 +253,16 @@ def test_a_bf16_drafter_samples_the_target_distribution(bf16_drafters):
     assert _chi_square(counts, dist, RUNS) > 1e-3
 
 
-@pytest.mark.parametrize("native, device, expected", [(True, "cpu", torch.bfloat16), (False, "cpu", torch.float32),
-                                                      (True, "cuda", torch.float32)])
-def test_drafter_dtype_auto(monkeypatch, native, device, expected):
+@pytest.mark.parametrize("native, device, target, expected", [
+    (True, "cpu", torch.float32, torch.float32), (True, "cpu", torch.bfloat16, torch.float32),
+    (False, "cpu", torch.float32, torch.float32), (True, "cuda", torch.bfloat16, torch.bfloat16),
+    (True, "cuda", torch.float32, torch.float32)])
+def test_drafter_dtype_auto(monkeypatch, native, device, target, expected):
+    """float32 on every CPU (small matmuls: bf16's per-call cost outweighs it), the target's dtype elsewhere."""
     from specdec import models
 
     monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: native)
-    assert models.resolve_drafter_dtype("auto", torch.device(device), torch.float32) == expected
+    assert models.resolve_drafter_dtype("auto", torch.device(device), target) == expected
     assert models.resolve_drafter_dtype("float16", torch.device("cpu"), torch.float32) == torch.float16
     with pytest.raises(models.ModelLoadError, match="unknown dtype"):
         models.resolve_drafter_dtype("int4", torch.device("cpu"), torch.float32)

@@ -46,15 +46,18 @@ def test_tree_states_equal_running_each_branch(widths):
     for node in range(len(tree.tokens)):
         seq = context + [tree.tokens[i] for i in _branch(tree.parents, node)[1:]]
         expected = torch.softmax(_scratch_logits(model, seq), -1)
-        if node < len(tree.tokens) - shape.level_sizes[-1]:  # inner nodes: q is what their children came from
-            torch.testing.assert_close(tree.q[node], expected, atol=1e-5, rtol=1e-4)
-        # every node's state row, stepped once more, continues its own branch
+        if node >= len(tree.tokens) - shape.level_sizes[-1]:
+            continue  # leaves are not stepped (commit steps an accepted one): no q, no state row
+        torch.testing.assert_close(tree.q[node], expected, atol=1e-5, rtol=1e-4)  # what its children came from
+        # every inner node's state row, stepped once more, continues its own branch
         state = drafter.buffers.select(torch.tensor([node]))
         nxt = drafter.step(torch.tensor([0]), state)[0]
         torch.testing.assert_close(nxt, _scratch_logits(model, seq + [0]), atol=1e-4, rtol=1e-4)
 
 
-def test_commit_is_a_row_selection_plus_one_step():
+@pytest.mark.parametrize("path", [[0, 2, 5], [0, 2], [0]])
+def test_commit_continues_from_the_deepest_stepped_node(path):
+    """An accepted leaf was never stepped: commit takes its parent's row and steps the leaf, then the root."""
     model = tiny_mamba(V, seed=5)
     drafter = MambaDrafter(model, V)
     context = [3, 3, 6]
@@ -62,9 +65,9 @@ def test_commit_is_a_row_selection_plus_one_step():
     drafter.start(context, shape.num_drafted)
     buffers = drafter.buffers
     tree = drafter.draft(shape, Sampler(0.0, 1.0, None))
-    drafter.commit([0, 2, 5], next_token=11)
+    drafter.commit(path, next_token=11)
     assert drafter.buffers is buffers  # allocated once per generation
-    seq = context + [tree.tokens[2], tree.tokens[5], 11]
+    seq = context + [tree.tokens[node] for node in path[1:]] + [11]
     torch.testing.assert_close(drafter.root_logits, _scratch_logits(model, seq), atol=1e-4, rtol=1e-4)
 
 

@@ -183,22 +183,28 @@ class MambaDrafter(Drafter):
     def draft(self, shape: TreeShape, sampler: Sampler) -> DraftTree:
         builder = TreeBuilder(self.root, keep_q=not sampler.greedy)
         frontier, frontier_logits = [0], self.root_logits[None]  # [1, V]
+        self.first_leaf = 1  # nodes from here on were not stepped (none drafted yet)
         for depth, width in enumerate(shape.widths):
             kids, q = sampler.children(frontier_logits, width)  # [m, width], [m, V]
             new_nodes = builder.add_level(frontier, kids, q)
+            if depth == shape.depth - 1:
+                self.first_leaf = new_nodes[0]  # leaves are not stepped: commit steps the one it accepts, if any
+                break
             rows = torch.tensor(new_nodes, device=self.device)
             parent_rows = torch.tensor(frontier, device=self.device).repeat_interleave(width)
             state = self.buffers.select(parent_rows)  # copy each parent's state once per child
-            is_leaf_level = depth == shape.depth - 1
-            frontier_logits = self.step(kids.flatten(), state, logits=not is_leaf_level)
+            frontier_logits = self.step(kids.flatten(), state)
             self.buffers.write(rows, state)
             frontier = new_nodes
+        self.tree_tokens = builder.tokens
         return builder.build(shape, self.vocab_size)
 
     def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = ()) -> None:
-        row = torch.tensor([path[-1]], device=self.device)
-        state = self.buffers.select(row)  # the last accepted node's stored state
-        for token in unseen:  # accepted tokens this drafter never stepped
+        last, unfed = path[-1], []
+        if last >= self.first_leaf:  # an accepted leaf: its parent's state, then the leaf's token
+            last, unfed = path[-2], [self.tree_tokens[last]]
+        state = self.buffers.select(torch.tensor([last], device=self.device))  # the deepest stepped node's state
+        for token in [*unfed, *unseen]:  # accepted tokens this drafter never stepped
             self.step(torch.tensor([token], device=self.device), state, logits=False)
         logits = self.step(torch.tensor([next_token], device=self.device), state)
         self.buffers.write(torch.tensor([0], device=self.device), state)

@@ -206,15 +206,17 @@ class MambaFeatDrafter(Drafter):
     def draft(self, shape: TreeShape, sampler: Sampler) -> DraftTree:
         builder = TreeBuilder(self.root, keep_q=not sampler.greedy)
         frontier, frontier_logits = [0], self.root_logits[None]  # [1, V]
+        self.first_leaf = 1  # nodes from here on were not stepped (none drafted yet)
         for depth, width in enumerate(shape.widths):
             kids, q = sampler.children(frontier_logits, width)  # [m, width], [m, V]
             new_nodes = builder.add_level(frontier, kids, q)
+            if depth == shape.depth - 1:
+                self.first_leaf = new_nodes[0]  # leaves are not stepped: commit steps what it accepts
+                break
             rows = torch.tensor(new_nodes, device=self.device)
             parent_rows = torch.tensor(frontier, device=self.device).repeat_interleave(width)
             state = self.buffers.select(parent_rows)  # copy each parent's state once per child
-            out = self.step(kids.flatten(), self.guesses[parent_rows], state, logits=depth < shape.depth - 1)
-            if out is not None:
-                self.guesses[rows], frontier_logits = out
+            self.guesses[rows], frontier_logits = self.step(kids.flatten(), self.guesses[parent_rows], state)
             self.buffers.write(rows, state)
             frontier = new_nodes
         self.tokens = builder.tokens
@@ -226,9 +228,12 @@ class MambaFeatDrafter(Drafter):
         the unseen tokens, in order. Without them (a caller that has none) the drafted states are kept."""
         accepted = [self.tokens[node] for node in path[1:]] + list(unseen)
         if features is None:  # fall back to the drafted states, as the plug-in drafter does
-            state = self.buffers.select(torch.tensor([path[-1]], device=self.device))
-            previous = self.guesses[path[-1]]
-            for token in unseen:
+            last, unfed = path[-1], []
+            if last >= self.first_leaf:  # an accepted leaf was not stepped: its parent's state, then its token
+                last, unfed = path[-2], [self.tokens[last]]
+            state = self.buffers.select(torch.tensor([last], device=self.device))
+            previous = self.guesses[last]
+            for token in [*unfed, *unseen]:
                 previous = self.step(torch.tensor([token], device=self.device), previous[None], state)[0][0]
             feature = previous
         else:
