@@ -116,7 +116,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-_PROBE_VERSION = 3  # 3: decided by exactness and the packed kernel, not timed (2: timed, packed; 1: timed, one row)
+_PROBE_VERSION = 4  # 4: the 8-row packed layout; 3: not timed; 2: timed, packed; 1: timed, one row
 
 
 def cpu_auto_dtype() -> torch.dtype:

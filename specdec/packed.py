@@ -10,7 +10,7 @@ keeps the original `weight` Parameter (tied weights stay tied, anything reading 
 copy used by `forward`.
 
 The packed kernel is row-invariant: row i of an n-row input gets the same bits for every n (checked on this CPU up
-to 64 rows; `specdec.kvcache.bf16_is_row_invariant` probes it on each machine), which the exact bf16 verifier needs.
+to 32 rows, the verifier's block size; `specdec.kvcache.bf16_is_row_invariant` probes it on each machine), which the exact bf16 verifier needs.
 Reference twin: `F.linear` (`tests/test_packed.py` checks the two agree).
 """
 
@@ -34,9 +34,17 @@ def packing_available() -> bool:
         return False
 
 
+# The row count oneDNN lays the packed weight out for. A speculative round runs blocks of 1 to ~16 rows. Measured
+# on this project's Xeon (AMX, 2 threads, the 211 matmuls of a SmolLM2 step, interleaved, medians of 7): a layout
+# for 1 row took 38.9 ms for 1 row and 39.6 for 6; for 4, 8, 16, 32 or 64 rows, 24-30 ms for either (float32:
+# 28-31 and 53-54). The 1-row layout was row-invariant up to 80 rows, the others up to 32 (33 switches kernels),
+# which is the verifier's block size (`specdec.kvcache.MAX_INVARIANT_ROWS`).
+PACK_ROWS = 8
+
+
 def _pack(weight: torch.Tensor) -> torch.Tensor:
-    """weight [out, in] -> an opaque oneDNN tensor in the layout its one-row kernel reads fastest."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+    """weight [out, in] -> an opaque oneDNN tensor in its blocked layout for `PACK_ROWS`-row inputs."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
 
 
 def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdec.kvcache import MAX_INVARIANT_ROWS
 from specdec.packed import PackedLinear, pack_linears, packing_available
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="no oneDNN packed bf16 linear on this CPU/build")
@@ -27,8 +28,9 @@ def test_packed_agrees_with_f_linear_and_is_row_invariant(bias):
     assert out.shape == (1, 40, 1536)
     assert (out.float() - reference).abs().max() < 0.05  # bf16 rounding of outputs of size ~1
     single = torch.cat([packed(x[:, i: i + 1]) for i in range(40)], dim=1)
-    for n in (2, 3, 5, 8, 16, 32, 40):  # row i has the same bits whatever the row count
+    for n in (2, 3, 5, 8, 16, 32):  # up to the verifier's block size: row i has the same bits whatever the count
         assert torch.equal(packed(x[:, :n]), single[:, :n])
+    assert MAX_INVARIANT_ROWS == 32
 
 
 def test_packing_follows_the_weight_and_survives_copies():
