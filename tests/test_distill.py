@@ -293,3 +293,19 @@ def test_feature_drafter_evaluates_and_exports_a_loadable_folder(data, tmp_path)
     card = (folder / "README.md").read_text()
     assert f"| {report['teacher_forced']['real']:.3f} |" in card and "--arch mamba-feat" in card
     assert load_feat_drafter(str(folder), torch.device("cpu"), torch.float32, target).model.config.hidden == 16
+
+
+def test_compare_lines_up_runs_by_tokens_seen(tmp_path):
+    """The A/B table: one row per token count, each run's acceptance columns and wall minutes, gaps left empty."""
+    from specdec.distill.compare import compare_table
+
+    curves = {"plug": [(100, 60.0, {"all": 0.1}), (200, 120.0, {"all": 0.2})],
+              "feat": [(100, 90.0, {"real": 0.3, "guessed": 0.25})]}
+    for name, points in curves.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "curve.jsonl").write_text("".join(
+            json.dumps({"tokens": t, "wall_s": w, "acceptance": a}) + "\n" for t, w, a in points))
+    lines = compare_table([tmp_path / "plug", tmp_path / "feat"]).splitlines()
+    assert lines[0] == ("| window tokens seen | plug | feat (real feature) | feat (own guess) | plug wall min "
+                        "| feat wall min |")
+    assert lines[2:] == ["| 100 | 0.100 | 0.300 | 0.250 | 1.0 | 1.5 |", "| 200 | 0.200 |  |  | 2.0 |  |"]

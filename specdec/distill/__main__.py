@@ -1,6 +1,7 @@
 """`python -m specdec.distill STAGE ...`: the drafter pipeline, one resumable stage at a time, or `all`.
 
-Stages: corpus -> teacher -> [features] -> train -> evaluate -> export (`features`: for `--arch mamba-feat`). Data goes under `--data` (default `data/distill`,
+Stages: corpus -> teacher -> [features] -> train -> evaluate -> export (`features`: for `--arch mamba-feat`);
+`compare --runs a,b` prints runs' learning curves side by side. Data goes under `--data` (default `data/distill`,
 git-ignored); each stage skips what is already on disk, so rerunning a stopped command continues it.
 """
 
@@ -114,6 +115,19 @@ def stage_export(args: argparse.Namespace) -> None:
     print(f"exported to {folder}")
 
 
+def stage_compare(args: argparse.Namespace) -> None:
+    """Print the learning curves of `--runs` side by side (a markdown table)."""
+    from specdec.distill.compare import compare_table
+
+    if not args.runs:
+        raise SystemExit("compare needs --runs NAME,NAME (folders under DATA/runs)")
+    runs = [args.data / "runs" / name for name in args.runs.split(",")]
+    missing = [str(run) for run in runs if not (run / "curve.jsonl").is_file()]
+    if missing:
+        raise SystemExit(f"no learning curve in {', '.join(missing)}")
+    print(compare_table(runs))
+
+
 def stage_all(args: argparse.Namespace) -> None:
     stages = (stage_corpus, stage_teacher, stage_features, stage_train, stage_evaluate, stage_export)
     for stage in stages if args.arch == "mamba-feat" else [s for s in stages if s is not stage_features]:
@@ -123,7 +137,7 @@ def stage_all(args: argparse.Namespace) -> None:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m specdec.distill", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("stage", choices=["corpus", "teacher", "features", "train", "evaluate", "export", "all"])
+    p.add_argument("stage", choices=["corpus", "teacher", "features", "train", "evaluate", "export", "compare", "all"])
     p.add_argument("--target", default=DEFAULT_TARGET, help="target preset, folder, .gguf or hub id")
     p.add_argument("--data", type=Path, default=Path("data/distill"), help="working folder (resumable)")
     p.add_argument("--seed", type=int, default=0)
@@ -168,13 +182,15 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--engine-prompts", type=int, default=2, help="held-out prompts per domain run through the engine")
     train.add_argument("--max-new-tokens-eval", type=int, default=48)
     train.add_argument("--out", type=Path, default=None, help="export folder (default assets/drafters/NAME)")
+    p.add_argument_group("compare").add_argument("--runs", default=None,
+                                                 help="comma-separated run names whose learning curves to tabulate")
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     {"corpus": stage_corpus, "teacher": stage_teacher, "features": stage_features, "train": stage_train,
-     "evaluate": stage_evaluate, "export": stage_export, "all": stage_all}[args.stage](args)
+     "evaluate": stage_evaluate, "export": stage_export, "compare": stage_compare, "all": stage_all}[args.stage](args)
 
 
 if __name__ == "__main__":
