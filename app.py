@@ -37,7 +37,6 @@ from demo.session import Session, write_export
 from demo.tokens_html import conversation_html
 from demo.tree_svg import tree_html
 from demo.views import main_views, round_views
-from specdec.cli import DRAFTER_DTYPE_HELP
 from specdec.records import Summary
 
 ROOT = Path(__file__).resolve().parent
@@ -419,7 +418,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default=env("SPECDEC_DTYPE", "auto"),
                    help="target dtype: auto, float32, bfloat16 or float16 [SPECDEC_DTYPE]")
     p.add_argument("--drafter-dtype", default=env("SPECDEC_DRAFTER_DTYPE", "auto"),
-                   help=f"{DRAFTER_DTYPE_HELP} [SPECDEC_DRAFTER_DTYPE]")
+                   help="drafter dtype: auto, float32, bfloat16 or float16 [SPECDEC_DRAFTER_DTYPE]")
     p.add_argument("--replay-only", action="store_true",
                    help="serve only the Replay tab (recorded runs, no model is loaded) [SPECDEC_REPLAY_ONLY=1]")
     args = p.parse_args(argv)

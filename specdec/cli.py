@@ -12,8 +12,8 @@ from specdec.config import BANDIT_SCOPES, DEFAULT_ARMS, METHODS, REWARDS, Genera
 from specdec.models import DEFAULT_MAMBA, DEFAULT_MAMBA_FEAT, DEFAULT_TARGET, DEFAULT_TF, ModelLoadError, Models
 from specdec.records import RoundRecord, Summary
 
-DTYPE_HELP = ("target dtype: auto (bfloat16 on CUDA, and on a CPU whose bf16 matmuls are row-invariant, where it is "
-              "exact, and faster than float32; else float32), float32, bfloat16 or float16")
+DTYPE_HELP = ("target dtype: auto (bfloat16 on CUDA, and on a CPU with native bf16 whose bf16 matmuls are "
+              "row-invariant and can be packed, where it is exact; else float32), float32, bfloat16 or float16")
 NO_GRAPHS_HELP = "on CUDA, step the Mamba drafter eagerly instead of replaying CUDA graphs (SPECDEC_CUDA_GRAPHS=0)"
 DRAFTER_DTYPE_HELP = ("drafter dtype: auto (float32 on a CPU, else the target's), float32, "
                       "bfloat16 or float16")
