@@ -10,7 +10,8 @@ keeps the original `weight` Parameter (tied weights stay tied, anything reading 
 copy used by `forward`.
 
 The packed kernel is row-invariant: row i of an n-row input gets the same bits for every n (checked on this CPU up
-to 32 rows, the verifier's block size; `specdec.kvcache.bf16_is_row_invariant` probes it on each machine), which the exact bf16 verifier needs.
+to 32 rows, the verifier's block size; `specdec.kvcache.bf16_is_row_invariant` probes it on each machine), which
+the exact bf16 verifier needs.
 Reference twin: `F.linear` (`tests/test_packed.py` checks the two agree).
 """
 
