@@ -68,16 +68,15 @@ class Pass:
     row_invariant: bool
     mask: torch.Tensor | None = None  # block layout: [1, 1, n, length + S] additive tree mask (None: causal)
     padding_from: int | None = None  # region index of the first throw-away (padding) entry, whose output is unused
-    order: list[int] = field(default_factory=list)  # rows in depth-first order (each row's branch is a prefix)
     plan: list[tuple[int, int, list[int] | slice | None, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        rows = [r for r, path in enumerate(self.paths) if self.padding_from is None or path[-1] < self.padding_from]
-        self.order = sorted(rows, key=lambda r: self.paths[r])
         # The row layout's work list, the same for every layer, so it is worked out once per pass: per row in
-        # depth-first order, (row, buffer position to write at, region entries to write there or None, keys end).
+        # depth-first order (each row's branch then extends a prefix of the one before), (row, buffer position to
+        # write at, region entries to write there or None, keys end). Padding rows are left out.
+        rows = [r for r, path in enumerate(self.paths) if self.padding_from is None or path[-1] < self.padding_from]
         written: list[int] = []  # region entries in the buffer after the prefix
-        for r in self.order:
+        for r in sorted(rows, key=lambda r: self.paths[r]):
             path = self.paths[r]
             same = 0
             while same < min(len(written), len(path)) and written[same] == path[same]:
