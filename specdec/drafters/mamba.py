@@ -20,7 +20,7 @@ reference, and `cuda_graphs=False` or SPECDEC_CUDA_GRAPHS=0 turns the graphs off
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -103,6 +103,38 @@ def kernels_available(device: torch.device) -> bool:
     return device.type == "cuda" and _ssm_update_kernel is not None and _conv_update_kernel is not None
 
 
+def draft_tree(root: int, root_logits: torch.Tensor, buffers: MambaState, shape: TreeShape, sampler: Sampler,
+               vocab_size: int, step_level: Callable) -> tuple[DraftTree, list[int], int]:
+    """Batch-cache tree drafting, shared by both Mamba drafters: per depth, copy each parent's state (row of
+    `buffers`) once per child and step the whole depth in one call; leaves are not stepped (a commit steps the one
+    it accepts). `step_level(kids [B], parent_rows [B], rows [B], state)` steps the copied rows in place and returns
+    the new nodes' logits [B, V]. -> (tree, its node tokens, the first node that was not stepped)."""
+    builder = TreeBuilder(root, keep_q=not sampler.greedy)
+    frontier, frontier_logits = [0], root_logits[None]  # [1, V]
+    first_leaf = 1  # nodes from here on were not stepped (none drafted yet)
+    for depth, width in enumerate(shape.widths):
+        kids, q = sampler.children(frontier_logits, width)  # [m, width], [m, V]
+        new_nodes = builder.add_level(frontier, kids, q)
+        if depth == shape.depth - 1:
+            first_leaf = new_nodes[0]
+            break
+        rows = torch.tensor(new_nodes, device=root_logits.device)
+        parent_rows = torch.tensor(frontier, device=root_logits.device).repeat_interleave(width)
+        state = buffers.select(parent_rows)  # copy each parent's state once per child
+        frontier_logits = step_level(kids.flatten(), parent_rows, rows, state)
+        buffers.write(rows, state)
+        frontier = new_nodes
+    return builder.build(shape, vocab_size), builder.tokens, first_leaf
+
+
+def deepest_stepped(path: list[int], first_leaf: int, tokens: list[int]) -> tuple[int, list[int]]:
+    """An accepted path -> (its deepest node with a stored state, the accepted tokens after it): an accepted leaf
+    was never stepped, so its parent's state and the leaf's token."""
+    if path[-1] >= first_leaf:
+        return path[-2], [tokens[path[-1]]]
+    return path[-1], []
+
+
 class MambaDrafter(Drafter):
     name = "mamba"
 
@@ -181,28 +213,13 @@ class MambaDrafter(Drafter):
         self.root = context[-1]
 
     def draft(self, shape: TreeShape, sampler: Sampler) -> DraftTree:
-        builder = TreeBuilder(self.root, keep_q=not sampler.greedy)
-        frontier, frontier_logits = [0], self.root_logits[None]  # [1, V]
-        self.first_leaf = 1  # nodes from here on were not stepped (none drafted yet)
-        for depth, width in enumerate(shape.widths):
-            kids, q = sampler.children(frontier_logits, width)  # [m, width], [m, V]
-            new_nodes = builder.add_level(frontier, kids, q)
-            if depth == shape.depth - 1:
-                self.first_leaf = new_nodes[0]  # leaves are not stepped: commit steps the one it accepts, if any
-                break
-            rows = torch.tensor(new_nodes, device=self.device)
-            parent_rows = torch.tensor(frontier, device=self.device).repeat_interleave(width)
-            state = self.buffers.select(parent_rows)  # copy each parent's state once per child
-            frontier_logits = self.step(kids.flatten(), state)
-            self.buffers.write(rows, state)
-            frontier = new_nodes
-        self.tree_tokens = builder.tokens
-        return builder.build(shape, self.vocab_size)
+        tree, self.tree_tokens, self.first_leaf = draft_tree(
+            self.root, self.root_logits, self.buffers, shape, sampler, self.vocab_size,
+            lambda kids, parent_rows, rows, state: self.step(kids, state))
+        return tree
 
     def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = ()) -> None:
-        last, unfed = path[-1], []
-        if last >= self.first_leaf:  # an accepted leaf: its parent's state, then the leaf's token
-            last, unfed = path[-2], [self.tree_tokens[last]]
+        last, unfed = deepest_stepped(path, self.first_leaf, self.tree_tokens)
         state = self.buffers.select(torch.tensor([last], device=self.device))  # the deepest stepped node's state
         for token in [*unfed, *unseen]:  # accepted tokens this drafter never stepped
             self.step(torch.tensor([token], device=self.device), state, logits=False)

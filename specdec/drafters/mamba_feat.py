@@ -38,8 +38,8 @@ from torch import nn
 from transformers import MambaConfig
 from transformers.models.mamba.modeling_mamba import MambaBlock, MambaRMSNorm
 
-from specdec.drafters.base import Drafter, DraftTree, Sampler, TreeBuilder
-from specdec.drafters.mamba import MambaState, mixer_step_ref
+from specdec.drafters.base import Drafter, DraftTree, Sampler
+from specdec.drafters.mamba import MambaState, deepest_stepped, draft_tree, mixer_step_ref
 from specdec.tree import TreeShape
 from specdec.vocab import scatter_head
 
@@ -204,23 +204,13 @@ class MambaFeatDrafter(Drafter):
         self.used_features = features is not None and len(features) > 0
 
     def draft(self, shape: TreeShape, sampler: Sampler) -> DraftTree:
-        builder = TreeBuilder(self.root, keep_q=not sampler.greedy)
-        frontier, frontier_logits = [0], self.root_logits[None]  # [1, V]
-        self.first_leaf = 1  # nodes from here on were not stepped (none drafted yet)
-        for depth, width in enumerate(shape.widths):
-            kids, q = sampler.children(frontier_logits, width)  # [m, width], [m, V]
-            new_nodes = builder.add_level(frontier, kids, q)
-            if depth == shape.depth - 1:
-                self.first_leaf = new_nodes[0]  # leaves are not stepped: commit steps what it accepts
-                break
-            rows = torch.tensor(new_nodes, device=self.device)
-            parent_rows = torch.tensor(frontier, device=self.device).repeat_interleave(width)
-            state = self.buffers.select(parent_rows)  # copy each parent's state once per child
-            self.guesses[rows], frontier_logits = self.step(kids.flatten(), self.guesses[parent_rows], state)
-            self.buffers.write(rows, state)
-            frontier = new_nodes
-        self.tokens = builder.tokens
-        return builder.build(shape, self.vocab_size)
+        def step_level(kids, parent_rows, rows, state):  # a child reads its parent's guess of the target's feature
+            self.guesses[rows], logits = self.step(kids, self.guesses[parent_rows], state)
+            return logits
+
+        tree, self.tokens, self.first_leaf = draft_tree(self.root, self.root_logits, self.buffers, shape, sampler,
+                                                        self.vocab_size, step_level)
+        return tree
 
     def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = (),
                features: torch.Tensor | None = None) -> None:
@@ -228,9 +218,7 @@ class MambaFeatDrafter(Drafter):
         the unseen tokens, in order. Without them (a caller that has none) the drafted states are kept."""
         accepted = [self.tokens[node] for node in path[1:]] + list(unseen)
         if features is None:  # fall back to the drafted states, as the plug-in drafter does
-            last, unfed = path[-1], []
-            if last >= self.first_leaf:  # an accepted leaf was not stepped: its parent's state, then its token
-                last, unfed = path[-2], [self.tokens[last]]
+            last, unfed = deepest_stepped(path, self.first_leaf, self.tokens)
             state = self.buffers.select(torch.tensor([last], device=self.device))
             previous = self.guesses[last]
             for token in [*unfed, *unseen]:
