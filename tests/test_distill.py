@@ -9,7 +9,6 @@ from transformers import AutoModelForCausalLM
 from specdec.distill import corpus, teacher
 from specdec.distill.export import model_card, save_drafter
 from specdec.distill.train import (
-    LinearRecurrence,
     TrainConfig,
     build_drafter,
     distill_loss,
@@ -17,6 +16,7 @@ from specdec.distill.train import (
     load_run,
     mamba_hidden,
     read_segments,
+    selective_scan,
     train,
 )
 from tests.tiny import tiny_llama
@@ -144,17 +144,22 @@ def test_trainable_mamba_forward_matches_the_reference():
         assert torch.allclose(mamba_hidden(model, ids), model.backbone(input_ids=ids).last_hidden_state, atol=1e-5)
 
 
-def test_linear_recurrence_and_its_backward():
-    """h_t = a_t h_{t-1} + b_t: values against a plain loop, gradients against finite differences."""
+def test_selective_scan_and_its_backward():
+    """Values against the recurrence written out step by step; gradients (all five inputs) against finite
+    differences, so a wrong term in the hand-written backward fails."""
     g = torch.Generator().manual_seed(0)
-    a = torch.rand(7, 2, 3, dtype=torch.double, generator=g, requires_grad=True)
-    b = torch.randn(7, 2, 3, dtype=torch.double, generator=g, requires_grad=True)
-    h, expected = torch.zeros(2, 3, dtype=torch.double), []
-    for t in range(7):
-        h = a[t] * h + b[t]
-        expected.append(h)
-    torch.testing.assert_close(LinearRecurrence.apply(a, b), torch.stack(expected))
-    assert torch.autograd.gradcheck(LinearRecurrence.apply, (a, b))
+    b, d, n, length = 2, 3, 4, 6
+    x = torch.randn(b, d, length, dtype=torch.double, generator=g, requires_grad=True)
+    dt = torch.rand(b, d, length, dtype=torch.double, generator=g).add(0.1).requires_grad_()
+    A = (-torch.rand(d, n, dtype=torch.double, generator=g) * 2).requires_grad_()
+    B = torch.randn(b, length, n, dtype=torch.double, generator=g, requires_grad=True)
+    C = torch.randn(b, length, n, dtype=torch.double, generator=g, requires_grad=True)
+    h, expected = torch.zeros(b, d, n, dtype=torch.double), []
+    for t in range(length):
+        h = torch.exp(dt[:, :, t, None] * A) * h + (dt[:, :, t] * x[:, :, t])[..., None] * B[:, None, t]
+        expected.append((h * C[:, None, t]).sum(-1))
+    torch.testing.assert_close(selective_scan(x, dt, A, B, C), torch.stack(expected, -1))
+    assert torch.autograd.gradcheck(selective_scan, (x, dt, A, B, C))
 
 
 def test_batched_greedy_decoding_matches_generate(data):

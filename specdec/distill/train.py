@@ -119,49 +119,69 @@ class Stream:
         return self.tokens[index], self.label[index], self.topk_ids[index], self.topk_logp[index]
 
 
-class LinearRecurrence(torch.autograd.Function):
-    """h_t = a_t * h_{t-1} + b_t from h_{-1} = 0, over the leading (time) axis of a, b: [l, ...] -> h [l, ...].
+class SelectiveScan(torch.autograd.Function):
+    """Mamba's selective scan with its own backward, one time step at a time on [b, d_in, n] blocks.
 
-    Autograd over a Python loop would record 2 ops per step and stack l gradients afterwards; here the
-    backward is its own reverse-time loop, g_t = dL/dh_t + a_{t+1} g_{t+1}, with dL/db_t = g_t and
-    dL/da_t = g_t h_{t-1}: one in-place multiply-add per step each way.
+    h_t = exp(Δ_t A) h_{t-1} + (Δ_t x_t) B_t,  y_t = h_t C_t,  from h_{-1} = 0. Inputs time-major: Δ, x
+    [l, b, d_in], A [d_in, n], B, C [l, b, n] -> y [l, b, d_in]. Each step's Ā_t is made and used while its
+    block is in cache, never stored for all l (a [l, b, d_in, n] tensor is ~134 MB at training sizes); only the
+    states h are kept for the backward, which runs in reverse time with g_t = dL/dh_t = C_t dy_t + Ā_{t+1} g_{t+1}
+    and reads every other gradient off g_t: dB_t = Σ_d g_t u_t, du_t = g_t B_t (u = Δ x), dC_t = Σ_d h_t dy_t,
+    and through Ā_t = exp(Δ_t A) with r_t = g_t h_{t-1} Ā_t: dΔ_t += Σ_n r_t A, dA += Σ_b r_t Δ_t.
     """
 
     @staticmethod
-    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        a, b = a.contiguous(), b.contiguous()  # each step reads one contiguous block
-        h = torch.empty_like(b)
-        h[0] = b[0]
-        for t in range(1, len(b)):
-            torch.addcmul(b[t], a[t], h[t - 1], out=h[t])
-        ctx.save_for_backward(a, h)
-        return h
+    def forward(ctx, dt: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                C: torch.Tensor) -> torch.Tensor:
+        length = len(dt)
+        u = dt * x  # [l, b, d]
+        h = torch.empty(*u.shape, A.shape[1], dtype=u.dtype, device=u.device)  # [l, b, d, n]
+        y = torch.empty_like(u)
+        for t in range(length):
+            a = torch.mul(dt[t, :, :, None], A).exp_()  # Ā_t [b, d, n]
+            if t:
+                torch.mul(a, h[t - 1], out=h[t])
+                h[t].addcmul_(u[t, :, :, None], B[t, :, None, :])
+            else:
+                torch.mul(u[0, :, :, None], B[0, :, None, :], out=h[0])
+            torch.bmm(h[t], C[t, :, :, None], out=y[t, :, :, None])
+        ctx.save_for_backward(dt, x, A, B, C, u, h)
+        return y
 
     @staticmethod
-    def backward(ctx, grad_h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        a, h = ctx.saved_tensors
-        grad_h = grad_h.contiguous()
-        g = torch.empty_like(grad_h)  # dL/db
-        g[-1] = grad_h[-1]
-        for t in range(len(g) - 2, -1, -1):
-            torch.addcmul(grad_h[t], a[t + 1], g[t + 1], out=g[t])
-        grad_a = torch.zeros_like(g)
-        torch.mul(g[1:], h[:-1], out=grad_a[1:])
-        return grad_a, g
+    def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        dt, x, A, B, C, u, h = ctx.saved_tensors
+        dy = dy.contiguous()
+        du, d_dt = torch.empty_like(u), torch.zeros_like(u)
+        dB, dC = torch.empty_like(B), torch.empty_like(C)
+        r_dt = torch.zeros_like(h[0])  # Σ_t r_t Δ_t [b, d, n], summed over b into dA at the end
+        g = a_next = None
+        for t in range(len(dt) - 1, -1, -1):
+            g_t = torch.mul(dy[t, :, :, None], C[t, :, None, :])  # [b, d, n]
+            if g is not None:
+                g_t.addcmul_(a_next, g)
+            torch.bmm(dy[t, :, None, :], h[t], out=dC[t, :, None, :])
+            torch.bmm(g_t, B[t, :, :, None], out=du[t, :, :, None])
+            torch.bmm(u[t, :, None, :], g_t, out=dB[t, :, None, :])
+            a = torch.mul(dt[t, :, :, None], A).exp_()
+            if t:
+                r = (g_t * a).mul_(h[t - 1])  # dL/d(Δ_t A)
+                r_dt.addcmul_(r, dt[t, :, :, None])
+                torch.sum(r.mul_(A), -1, out=d_dt[t])
+            g, a_next = g_t, a
+        d_dt.addcmul_(du, x)
+        return d_dt, du * dt, r_dt.sum(0), dB, dC
 
 
 def selective_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                    C: torch.Tensor) -> torch.Tensor:
-    """y_t = C_t · h_t with h_t = exp(Δ_t A) h_{t-1} + Δ_t B_t x_t.
+    """y_t = C_t · h_t with h_t = exp(Δ_t A) h_{t-1} + Δ_t B_t x_t (`SelectiveScan`, on time-major copies).
 
-    x, dt (= Δ): [b, d_in, l]; A: [d_in, n]; B, C: [b, l, n] -> y [b, d_in, l]. The discretised Ā, B̄x and the
-    read-out are whole-tensor ops; only the recurrence runs step by step (`LinearRecurrence`).
+    x, dt (= Δ): [b, d_in, l]; A: [d_in, n]; B, C: [b, l, n] -> y [b, d_in, l].
     """
-    dt_l = dt.permute(2, 0, 1).contiguous()  # [l, b, d_in]: time-major inputs give time-major products
-    dA = torch.exp(dt_l[..., None] * A)  # Ā [l, b, d_in, n]
-    dBx = (dt_l * x.permute(2, 0, 1))[..., None] * B.transpose(0, 1)[:, :, None, :]  # B̄x [l, b, d_in, n]
-    states = LinearRecurrence.apply(dA, dBx)  # [l, b, d_in, n]
-    return torch.einsum("lbdn,bln->bdl", states, C)
+    y = SelectiveScan.apply(dt.permute(2, 0, 1).contiguous(), x.permute(2, 0, 1).contiguous(), A,
+                            B.transpose(0, 1).contiguous(), C.transpose(0, 1).contiguous())  # [l, b, d_in]
+    return y.permute(1, 2, 0)
 
 
 def mixer_forward(mixer: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
