@@ -19,7 +19,7 @@ from specdec.config import GenerationConfig
 from specdec.drafters import (Drafter, LookupBranch, LookupDrafter, MambaDrafter, MambaFeatDrafter, NoDrafter, Sampler,
                               TransformerDrafter)
 from specdec.drafters.base import DraftTree
-from specdec.kvcache import CPU_BLOCK_PADDING, TreeLM
+from specdec.kvcache import TreeLM
 from specdec.models import Models
 from specdec.records import BanditSnapshot, EmittedToken, RoundRecord, Summary, TreeNode
 from specdec.sampling import Acceptance, accept_greedy, accept_sampling, logits_to_probs
@@ -53,9 +53,8 @@ def make_drafter(models: Models, kind: str) -> Drafter:
 
 
 def make_verifier(model) -> TreeLM:
-    """The target's tree verifier; a float32 one on a CPU pads blocks to the row counts its matmuls run fastest."""
-    pads = model.device.type == "cpu" and model.dtype == torch.float32
-    return TreeLM(model, pad_blocks=CPU_BLOCK_PADDING if pads else None)
+    """The target's tree verifier."""
+    return TreeLM(model)
 
 
 class Detokenizer:

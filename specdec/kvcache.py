@@ -41,12 +41,6 @@ ATTENTION = "specdec_tree"  # the attention implementation name the wrapped mode
 MAX_INVARIANT_ROWS = 32  # bf16 F.linear is row-invariant up to this many rows on this project's CPU (measured)
 _GROWTH = 256  # buffer capacity grows in multiples of this many positions
 
-# Measured on this project's 2-core CPU (fp32, MKL, AVX-512): one SmolLM2-135M pass over n new tokens after 400
-# cached ones costs, in decode steps (n=1 is 56 ms): n=2 1.62, 3 1.97, 4 1.43, 5 1.33, 6 1.42, 7 1.71, 8 1.38,
-# 9 1.51, 10 1.64, 11 1.77, 12 1.51, 13 1.61, 14 1.64, 15 1.73, 16 1.68. PyTorch's float32 CPU matmuls take some
-# row counts much faster than smaller ones, so a float32 verifier on a CPU pads such blocks with throw-away
-# tokens. bfloat16 passes cost about the same from 1 to 12 rows and need no padding.
-CPU_BLOCK_PADDING = {2: 5, 3: 5, 4: 5, 7: 8, 10: 12, 11: 12, 15: 16}
 
 
 def tree_attention_mask(prefix_len: int, anc: torch.Tensor, rows: slice, dtype: torch.dtype,
@@ -67,16 +61,14 @@ class Pass:
     paths: list[list[int]]  # per new row: region indices of its branch, root first, ending with the row itself
     row_invariant: bool
     mask: torch.Tensor | None = None  # block layout: [1, 1, n, length + S] additive tree mask (None: causal)
-    padding_from: int | None = None  # region index of the first throw-away (padding) entry, whose output is unused
     plan: list[tuple[int, int, list[int] | slice | None, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # The row layout's work list, the same for every layer, so it is worked out once per pass: per row in
         # depth-first order (each row's branch then extends a prefix of the one before), (row, buffer position to
-        # write at, region entries to write there or None, keys end). Padding rows are left out.
-        rows = [r for r, path in enumerate(self.paths) if self.padding_from is None or path[-1] < self.padding_from]
+        # write at, region entries to write there or None, keys end).
         written: list[int] = []  # region entries in the buffer after the prefix
-        for r in sorted(rows, key=lambda r: self.paths[r]):
+        for r in sorted(range(len(self.paths)), key=lambda r: self.paths[r]):
             path = self.paths[r]
             same = 0
             while same < min(len(written), len(path)) and written[same] == path[same]:
@@ -183,7 +175,7 @@ def _row_attention(tree_kv: TreeKV, layer: int, query: torch.Tensor, scaling: fl
     groups = heads // tree_kv.region_keys[layer].shape[1]  # query heads per key/value head (GQA)
     rows = query[0].transpose(0, 1).reshape(n, -1, groups, d)  # [n, H_kv, groups, d], row r contiguous
     keys, values = tree_kv.keys[layer], tree_kv.values[layer]
-    out = query.new_zeros(1, n, heads, d)  # rows of padding entries stay zero: their logits are thrown away
+    out = query.new_empty(1, n, heads, d)  # every row is written below
     for r, at, entries, end in step.plan:
         if entries is not None:
             tree_kv.write(layer, at, entries)
@@ -232,11 +224,9 @@ class TreeLM:
     """Wraps a Hugging Face causal LM; one sequence (batch 1) per instance."""
 
     def __init__(self, model: PreTrainedModel, head_ids: torch.Tensor | None = None,
-                 pad_blocks: dict[int, int] | None = None, row_invariant: bool | None = None) -> None:
+                 row_invariant: bool | None = None) -> None:
         """`head_ids`: score only these token ids (a reduced draft head); the returned logits are -inf elsewhere.
 
-        `pad_blocks` {n: m}: a block of n tokens that opens the speculative region is run as m tokens, the extra
-        ones attached to the prefix and dropped at `commit` (see `CPU_BLOCK_PADDING`).
         `row_invariant`: the attention layout (module docstring); default: on CPU.
         """
         config = model.config
@@ -254,7 +244,6 @@ class TreeLM:
         if self.row_invariant and self.dtype == torch.bfloat16 and self.device.type == "cpu":
             pack_linears(model)  # the row-invariant bf16 kernel `bf16_is_row_invariant` checked (no-op if done)
         self.head_ids = head_ids.to(self.device) if head_ids is not None else None
-        self.pad_blocks = pad_blocks or {}
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         if self.head_ids is not None:
             self.head_weight = model.get_output_embeddings().weight[self.head_ids]  # [H, d]
@@ -265,7 +254,6 @@ class TreeLM:
         self.parents: list[int] = []  # speculative region: parent of each entry (-1 = the prefix)
         self.depths: list[int] = []  # 0 for entries attached to the prefix
         self.paths: list[list[int]] = []  # each entry's branch in the region, root first
-        self.padding = 0  # throw-away entries at the end of the region
         self.hidden: torch.Tensor | None = None  # [n, D] the last hidden state of each token of the last pass
 
     @property
@@ -276,14 +264,9 @@ class TreeLM:
     @torch.inference_mode()
     def extend(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
         """Feed `tokens` into the speculative region; `parents` index the region (-1 = prefix). -> logits [n, V]."""
-        if self.padding:
-            raise ValueError("a padded block must be committed before more tokens are fed")
         start, n = len(self.parents), len(tokens)
         if len(parents) != n:
             raise ValueError(f"{n} tokens but {len(parents)} parents")
-        if start == 0 and n in self.pad_blocks:
-            self.padding = self.pad_blocks[n] - n
-            tokens, parents = [*tokens, *[tokens[0]] * self.padding], [*parents, *[-1] * self.padding]
         for i, parent in enumerate(parents):
             if parent >= start + i:
                 raise ValueError("a token's parent must come before it")
@@ -292,8 +275,8 @@ class TreeLM:
             self.paths.append([*(self.paths[parent] if parent >= 0 else []), start + i])
         chunk = MAX_INVARIANT_ROWS if self.row_invariant else len(tokens)  # more rows: not row-invariant
         logits, hidden = zip(*(self._forward(tokens[i: i + chunk], start + i) for i in range(0, len(tokens), chunk)))
-        self.hidden = torch.cat(hidden)[:n]  # [n, D]
-        return torch.cat(logits)[:n]  # [n, V]
+        self.hidden = torch.cat(hidden)  # [n, D]
+        return torch.cat(logits)  # [n, V]
 
     def _forward(self, tokens: list[int], start: int, prefill: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """One model pass over region entries `start:start + len(tokens)`.
@@ -307,9 +290,7 @@ class TreeLM:
         if not self.row_invariant and not prefill:
             mask = tree_attention_mask(self.length, ancestor_matrix(self.parents[:end]), slice(start, end),
                                        self.dtype, self.device)
-        padding_from = len(self.parents) - self.padding if self.padding else None
-        self.cache.step = Pass(self.length, start, self.paths[start:end], self.row_invariant and not prefill, mask,
-                               padding_from)
+        self.cache.step = Pass(self.length, start, self.paths[start:end], self.row_invariant and not prefill, mask)
         inputs = dict(input_ids=ids, position_ids=positions, tree_kv=self.cache, use_cache=False)
         try:
             h = self.model.base_model(**inputs).last_hidden_state  # [1, n, D]
@@ -341,10 +322,8 @@ class TreeLM:
             expected_parent = keep[i - 1] if i else -1
             if self.parents[node] != expected_parent:
                 raise ValueError(f"entries {keep} do not form a chain from the prefix")
-        if any(k >= len(self.parents) - self.padding for k in keep):
-            raise ValueError("padding entries cannot be kept")
         self.cache.commit(keep)
-        self.parents, self.depths, self.paths, self.padding = [], [], [], 0
+        self.parents, self.depths, self.paths = [], [], []
 
     def feed(self, tokens: list[int]) -> torch.Tensor:
         """Append a plain chain of tokens to the committed prefix. -> logits [n, V]."""

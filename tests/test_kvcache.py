@@ -65,27 +65,3 @@ def test_sliding_window_targets_are_refused():
         TreeLM(MistralForCausalLM(config))
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 5])
-def test_padded_blocks_change_no_logit_and_leave_no_trace(n):
-    """A 2-3-token block runs as 4 tokens; logits and the cache after commit are those of the plain pass."""
-    model = tiny_llama(11, seed=7)
-    seen: list[int] = []
-    model.get_output_embeddings().register_forward_hook(lambda module, args, out: seen.append(args[0].shape[-2]))
-    shape = TreeShape((2, 1)) if n == 5 else TreeShape.chain(n - 1)
-    tokens = [3, 1, 4, 1, 5][:n]
-    padded, plain = TreeLM(model, pad_blocks={2: 4, 3: 4}), TreeLM(model)
-    for lm in (padded, plain):
-        lm.feed([1, 2])
-    seen.clear()
-    a, b = padded.extend(tokens, shape.parents), plain.extend(tokens, shape.parents)
-    assert seen == [4 if n in (2, 3) else n, n]
-    assert a.shape == b.shape == (n, 11)
-    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-    if n in (2, 3):
-        with pytest.raises(ValueError, match="padding"):
-            padded.commit([n])  # the first throw-away entry
-    keep = {1: [0], 5: [0, 2]}.get(n, [0, 1])  # n = 5: a kept chain that is not a prefix of the region
-    padded.commit(keep)
-    plain.commit(keep)
-    assert padded.length == plain.length == 2 + len(keep) and padded.kv_bytes == plain.kv_bytes
-    torch.testing.assert_close(padded.feed([6]), plain.feed([6]), atol=1e-5, rtol=1e-5)
