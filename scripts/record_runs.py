@@ -21,12 +21,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import app  # noqa: E402
+from demo.live import LAMBDA_UCB, LOOKUP_DEFAULT  # noqa: E402
 from demo.prompts import load_prompts  # noqa: E402
 from demo.replay import compact_payload  # noqa: E402
 from demo.session import Session, export_payload  # noqa: E402
 
-DEFAULTS = dict(method="mamba-ucb", temperature=0.0, max_new_tokens=96, seed=0, tree="", arms="", lambda_ucb=0.1,
-                reward="paper", lookup=True)  # the page's defaults (app.build_app)
+DEFAULTS = dict(method="mamba-ucb", temperature=0.0, max_new_tokens=96, seed=0, tree="", arms="", lambda_ucb=LAMBDA_UCB,
+                reward="paper", lookup=LOOKUP_DEFAULT)  # the page's defaults (demo.live.settings_panel)
 RUNS = {  # file name -> (title, prompt id, changes to the defaults)
     "code-greedy": ("Code: a Python function (greedy)", "code-02", {}),
     "summary-lookup": ("Summary with the lookup branch (greedy)", "summary-01", {}),
