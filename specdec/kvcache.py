@@ -19,7 +19,10 @@ in one of two layouts:
 
 Per layer the keys and values live in one buffer `[1, H_kv, capacity, d]`: the committed prefix at
 `[0, length)`, then scratch. The region's own keys and values are kept beside it, so a commit copies only the
-accepted entries into place: its cost grows with the accepted tokens, not with the context.
+accepted entries into place: its cost grows with the accepted tokens, not with the context. Entries a pass left in
+place already are not copied again: the block layout writes the region in order, the row layout leaves the first
+child's branch (a decode step's one token, a drafter's likeliest branch) in the buffer; for `ar` that took the
+commit from 1.2 to 0.14 ms a step (30 layers of two copies each).
 """
 
 from __future__ import annotations
@@ -66,9 +69,10 @@ class Pass:
     def __post_init__(self) -> None:
         # The row layout's work list, the same for every layer, so it is worked out once per pass: per row in
         # depth-first order (each row's branch then extends a prefix of the one before), (row, buffer position to
-        # write at, region entries to write there or None, keys end).
+        # write at, region entries to write there or None, keys end). Later children are visited first, so the
+        # branch left in the buffer is the first child's (a drafter's likeliest): a commit along it copies nothing.
         written: list[int] = []  # region entries in the buffer after the prefix
-        for r in sorted(range(len(self.paths)), key=lambda r: self.paths[r]):
+        for r in sorted(range(len(self.paths)), key=lambda r: [-i for i in self.paths[r]]):
             path = self.paths[r]
             same = 0
             while same < min(len(written), len(path)) and written[same] == path[same]:
@@ -78,6 +82,13 @@ class Pass:
                 entries = slice(entries[0], entries[0] + len(entries))  # a view, not a gather
             self.plan.append((r, self.length + same, entries or None, self.length + len(path)))
             written = path
+
+    @property
+    def placed(self) -> list[int]:
+        """The region entries in the buffer after the prefix once this pass has run, in position order."""
+        if not self.row_invariant:  # the block layout writes the region in order
+            return list(range(self.start + len(self.paths)))
+        return self.paths[self.plan[-1][0]] if self.plan else []
 
 
 class TreeKV:
@@ -90,6 +101,7 @@ class TreeKV:
         self.region_values: list[torch.Tensor | None] = [None] * num_layers
         self.length = 0
         self.step: Pass | None = None
+        self.placed: list[int] = []  # region entries already at buffer positions length, length + 1, ...
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.length
@@ -126,12 +138,17 @@ class TreeKV:
         self.values[layer][:, :, at: at + v.shape[2]] = v
 
     def commit(self, keep: list[int]) -> None:
-        """Write the kept region entries (a chain from the prefix) after the prefix; forget the region."""
+        """Write the kept region entries (a chain from the prefix) after the prefix; forget the region. Entries a
+        pass left in place already (`placed`) are not copied again."""
+        in_place = 0
+        while in_place < min(len(keep), len(self.placed)) and keep[in_place] == self.placed[in_place]:
+            in_place += 1
         for layer in range(len(self.keys)):
-            if keep and self.region_keys[layer] is not None:
-                self.write(layer, self.length, keep)
+            if keep[in_place:] and self.region_keys[layer] is not None:
+                self.write(layer, self.length + in_place, keep[in_place:])
             self.region_keys[layer] = self.region_values[layer] = None
         self.length += len(keep)
+        self.placed = []
 
     def nbytes(self) -> int:
         """Bytes of the keys and values held: the committed prefix and the region."""
@@ -292,8 +309,10 @@ class TreeLM:
                                        self.dtype, self.device)
         self.cache.step = Pass(self.length, start, self.paths[start:end], self.row_invariant and not prefill, mask)
         inputs = dict(input_ids=ids, position_ids=positions, tree_kv=self.cache, use_cache=False)
+        self.cache.placed = []  # until the pass has run through: a failed one may have written part of the buffer
         try:
             h = self.model.base_model(**inputs).last_hidden_state  # [1, n, D]
+            self.cache.placed = self.cache.step.placed
         finally:
             self.cache.step = None
         if self.head_ids is None:

@@ -48,6 +48,33 @@ def test_commit_keeps_only_the_accepted_path():
     torch.testing.assert_close(next_logits, model(input_ids=torch.tensor([seq])).logits[0, -1], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("row_invariant", [True, False])
+@pytest.mark.parametrize("keep", [[], [0], [0, 1], [0, 1, 4], [0, 2, 7], [0, 3]])
+@pytest.mark.parametrize("passes", [1, 2])
+def test_commit_copies_only_what_is_not_in_place(row_invariant, keep, passes):
+    """A pass leaves one branch in the buffer (the row layout: the first child's, visited last; the block layout:
+    the region in order); a commit along it copies nothing, any other keeps the right keys all the same."""
+    model = tiny_llama(11, seed=6)
+    prefix, shape = [1, 4, 2], TreeShape((3, 2))
+    tokens = [5, 0, 1, 2, 3, 4, 6, 7, 8, 9]
+    lm = TreeLM(model, row_invariant=row_invariant)
+    lm.feed(prefix)
+    cut = 4 if passes == 2 else len(tokens)  # the tree fed in one pass, or in two
+    lm.extend(tokens[:cut], shape.parents[:cut])
+    if cut < len(tokens):
+        lm.extend(tokens[cut:], shape.parents[cut:])
+    writes = []
+    original = lm.cache.write
+    lm.cache.write = lambda layer, at, index: (writes.append(layer), original(layer, at, index))
+    lm.commit(keep)
+    in_place = [0, 1, 4] if row_invariant else list(range(len(tokens)))
+    expected_copies = 0 if keep == in_place[:len(keep)] else model.config.num_hidden_layers
+    assert len(writes) == expected_copies
+    seq = prefix + [tokens[i] for i in keep] + [9]
+    torch.testing.assert_close(lm.feed([9])[-1], model(input_ids=torch.tensor([seq])).logits[0, -1], atol=1e-4,
+                               rtol=1e-4)
+
+
 def test_commit_refuses_a_non_chain():
     lm = TreeLM(tiny_llama(11, seed=6))
     lm.feed([1, 2])
