@@ -343,7 +343,7 @@ Teacher data: the target's top-k on labelled text and answers, plus its last hid
 the target's top-k plus {FEATURE_WEIGHT} x SmoothL1(f̂, f); each step runs twice, the second time with the
 drafter's own guesses in place of the real feature at {GUESS_SHARE:.0%} of the positions (drafted nodes read
 guesses). AdamW, lr {config['lr']}, batch {config['batch_size']} x {config['seq_len']}, on
-{config.get('threads') or 'all'} thread(s) of a 2-core CPU shared with other jobs; data seen per segment:
+{' / '.join(str(s.get('threads') or 'all') for s in segments)} thread(s) per segment on a 2-core CPU shared with other jobs; data seen per segment:
 {'; '.join(f"{s['unique_labelled']:,} unique labelled tokens ({s['text_shards']} text shards, {s['response_shards']} answer shards)" for s in segments)}.
 Spent: {counters['step']:,} steps, {counters['tokens']:,} window tokens, {counters['wall_s'] / 60:.1f} min.
 
