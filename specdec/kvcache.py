@@ -71,12 +71,12 @@ class Pass:
         # depth-first order (each row's branch then extends a prefix of the one before), (row, buffer position to
         # write at, region entries to write there or None, keys end). Later children are visited first, so the
         # branch left in the buffer is the first child's (a drafter's likeliest): a commit along it copies nothing.
+        if not self.row_invariant:  # the block layout (and the prefill) needs no plan
+            return
         written: list[int] = []  # region entries in the buffer after the prefix
         for r in sorted(range(len(self.paths)), key=lambda r: [-i for i in self.paths[r]]):
             path = self.paths[r]
-            same = 0
-            while same < min(len(written), len(path)) and written[same] == path[same]:
-                same += 1
+            same = common_prefix(written, path)
             entries = path[same:]
             if entries and entries == list(range(entries[0], entries[0] + len(entries))):
                 entries = slice(entries[0], entries[0] + len(entries))  # a view, not a gather
@@ -89,6 +89,14 @@ class Pass:
         if not self.row_invariant:  # the block layout writes the region in order
             return list(range(self.start + len(self.paths)))
         return self.paths[self.plan[-1][0]] if self.plan else []
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading entries two branches share."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 class TreeKV:
@@ -140,9 +148,7 @@ class TreeKV:
     def commit(self, keep: list[int]) -> None:
         """Write the kept region entries (a chain from the prefix) after the prefix; forget the region. Entries a
         pass left in place already (`placed`) are not copied again."""
-        in_place = 0
-        while in_place < min(len(keep), len(self.placed)) and keep[in_place] == self.placed[in_place]:
-            in_place += 1
+        in_place = common_prefix(keep, self.placed)
         for layer in range(len(self.keys)):
             if keep[in_place:] and self.region_keys[layer] is not None:
                 self.write(layer, self.length + in_place, keep[in_place:])
