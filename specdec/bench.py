@@ -385,7 +385,7 @@ def long_prompts(tokenizer, min_tokens: int = 3000) -> list[dict]:
 def verification_cost(models: Models, contexts: list[int], sizes: list[int], repeats: int = 7, log=print) -> dict:
     """What one target pass over n new tokens costs, in target decode steps (n = 1), after `contexts` tokens.
 
-    The engine's own verifier (`make_verifier`, so float32 on a CPU pads blocks as the engine does); every size
+    The engine's own verifier (`make_verifier`: the row-invariant layout on a CPU, as the engine runs it); every size
     is timed round-robin, `repeats` times after a warm-up, and the median is kept.
     """
     from specdec.engine import make_verifier
