@@ -32,7 +32,7 @@ DRAFTERS = {
               "tokenizer, with no retraining. Its state is fixed-size (1.4 MiB here) however long the text.",
               {"ucb": "mamba-ucb", "tree": "mamba-tree", "chain": "mamba-chain"}),
     "mamba-feat": ("Mamba reading the target", "Also reads the target's last hidden state, which each check "
-                   "computes anyway: more to go on per token, but trained for this one target (4.3 MB) and "
+                   "computes anyway: more to go on per token, but trained for this one target (4.2 MiB) and "
                    "useless with any other.",
                    {"ucb": "mamba-feat-ucb", "tree": "mamba-feat-tree", "chain": "mamba-feat-chain"}),
     "tf": ("Transformer", "A small Transformer drafter: its KV cache, and its step, grow with the text.",
