@@ -59,6 +59,14 @@ def _segments(run: Path, config: dict, teacher_summary: dict) -> list[dict]:
              "text_shards": teacher_summary.get("text", {}).get("shards", 0)}]
 
 
+def segment_data(seg: dict) -> str:
+    """What one training segment saw and ran on, as both kinds of card list it."""
+    share = f" at {seg['response_share']:.0%} of each batch" if seg.get("response_shards") and "response_share" in seg \
+        else ""
+    return (f"{seg['unique_labelled']:,} unique labelled tokens ({seg['text_shards']} text shards, "
+            f"{seg['response_shards']} answer shards{share}), {seg.get('threads') or 'all'} thread(s)")
+
+
 def _reproduce(name: str, config: dict, segments: list[dict]) -> str:
     """The commands that rebuild the run: per segment, the teacher data it saw, then its training budget."""
     lines = ["python -m specdec.distill corpus"]
@@ -126,7 +134,7 @@ def model_card(name: str, run: Path, report: dict, counters: dict, teacher_summa
     segments = _segments(run, config, teacher_summary)
     unique = segments[-1]["unique_labelled"]
     budgets = "; then ".join(f"{s['minutes']} min / " + (f"{s['max_tokens']:,}" if s["max_tokens"] else "no")
-                             + f" token cap on {s['unique_labelled']:,} unique labelled tokens"
+                             + f" token cap on {segment_data(s)}"
                              + (f" (from step {s['from_step']:,})" if s["from_step"] else "") for s in segments)
     acceptance = report["teacher_forced"]["all"]
     status = ("meets" if acceptance >= 0.7 else "is below") + " the project's figure of 0.70 greedy acceptance"
@@ -150,8 +158,8 @@ Held-out prompts (16 per domain) and their sources never appear in training.
 
 ## Training
 Loss H(p, q) on the target's top-k (restricted to the draft vocabulary), AdamW, lr {config['lr']}, batch
-{config['batch_size']} x {config['seq_len']} tokens ({config['response_share']:.0%} target answers, the rest labelled text),
-on {config.get('threads') or 'all'} CPU thread(s) of a 2-core machine shared with other jobs.
+{config['batch_size']} x {config['seq_len']} tokens (target answers at each segment's share, the rest labelled text),
+on a 2-core machine shared with other jobs.
 Budget{' (the run was continued on more data)' if len(segments) > 1 else ''}: {budgets}.
 Spent: {counters['step']:,} steps, {counters['tokens']:,} window tokens ({counters['labelled']:,} labelled),
 {counters['wall_s'] / 60:.1f} min of training wall time: {counters['labelled'] / unique:.1f} passes' worth of the

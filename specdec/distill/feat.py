@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from specdec.distill.export import _reproduce, folder_bytes
+from specdec.distill.export import _reproduce, folder_bytes, segment_data
 from specdec.distill.teacher import Shard, _pending, _shards_of, load_shards, save_shard, text_windows, top_k_logp, \
     _pack
 from specdec.distill.train import (TrainConfig, _data_record, _log_segment, _progress, choose_draft_vocab,
@@ -342,9 +342,8 @@ Teacher data: the target's top-k on labelled text and answers, plus its last hid
 (`python -m specdec.distill features`, or `teacher --text-features`, cached beside the shards). Loss: H(p, q) on
 the target's top-k plus {FEATURE_WEIGHT} x SmoothL1(f̂, f); each step runs twice, the second time with the
 drafter's own guesses in place of the real feature at {GUESS_SHARE:.0%} of the positions (drafted nodes read
-guesses). AdamW, lr {config['lr']}, batch {config['batch_size']} x {config['seq_len']}, on
-{' / '.join(str(s.get('threads') or 'all') for s in segments)} thread(s) per segment on a 2-core CPU shared with other jobs; data seen per segment:
-{'; '.join(f"{s['unique_labelled']:,} unique labelled tokens ({s['text_shards']} text shards, {s['response_shards']} answer shards)" for s in segments)}.
+guesses). AdamW, lr {config['lr']}, batch {config['batch_size']} x {config['seq_len']}, on a 2-core CPU shared with
+other jobs; per segment: {'; '.join(segment_data(s) for s in segments)}.
 Spent: {counters['step']:,} steps, {counters['tokens']:,} window tokens, {counters['wall_s'] / 60:.1f} min.
 
 ## Measured (held-out answers and prompts, never trained on)
