@@ -63,8 +63,8 @@ def accept_step(r: RoundRecord) -> str:
 def bandit_step(r: RoundRecord) -> str:
     b = r.bandit
     if b is None:
-        return ("This method uses a fixed shape, so there is no choice to learn. With “Mamba tree + bandit”, a UCB "
-                "bandit picks the shape each round from what paid off so far.")
+        return ("This method uses a fixed shape, so there is no choice to learn. With Drafting set to “Tree, shape "
+                "chosen by a bandit”, a UCB bandit picks the shape each round from what paid off so far.")
     arm = b.arms[b.chosen]
     mean = "untried" if arm.mean_reward is None else f"{arm.mean_reward:.2f}"
     ucb = "not computed yet (every shape is tried once first)" if arm.ucb is None else f"{arm.ucb:.2f}"

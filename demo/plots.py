@@ -35,7 +35,7 @@ def empty_figure(message: str, height: int = 300) -> go.Figure:
 def bandit_figure(snapshot: BanditSnapshot | None, round_index: int | None = None) -> go.Figure:
     """Per arm: pulls, mean reward and UCB value as horizontal bars; the arm chosen this round in orange."""
     if snapshot is None:
-        return empty_figure("The bandit panel fills in with the method “Mamba tree + bandit”.")
+        return empty_figure("The bandit panel fills in when Drafting is “Tree, shape chosen by a bandit”.")
     names = [a.name for a in snapshot.arms]
     colours = [CHOSEN if i == snapshot.chosen else OTHER for i in range(len(names))]
     columns = [

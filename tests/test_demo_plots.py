@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from demo.colours import SWATCHES
+from demo.live import WAYS
 from demo.plots import CHOSEN, MIB, OTHER, bandit_figure, memory_figure, running_rate, speed_figure
 from specdec.records import ArmStat, BanditSnapshot, EmittedToken, RoundRecord, TreeNode
 
@@ -39,7 +40,7 @@ def test_bandit_bars_per_arm_with_the_chosen_arm_highlighted():
 
 def test_bandit_placeholder_without_a_bandit():
     fig = bandit_figure(None)
-    assert not fig.data and "Mamba tree + bandit" in fig.layout.annotations[0].text
+    assert not fig.data and WAYS["ucb"] in fig.layout.annotations[0].text  # names the control that brings it
 
 
 def test_running_rate_uses_round_time_only():
