@@ -326,7 +326,7 @@ def model_card(name: str, run: Path, report: dict, counters: dict, size: int) ->
     segments = read_segments(run)
     engine_line = (f"engine `mamba-feat-chain` (chain of 4, greedy, {engine['prompts']} held-out prompts, "
                    f"{engine['max_new_tokens']} new tokens): acceptance {engine['acceptance_rate']:.3f}, "
-                   f"{engine['mean_accepted_len']:.2f} tokens per round, {engine['speedup']:.2f}x the target alone, "
+                   f"{engine['mean_accepted_len']:.2f} tokens per round, {engine['speedup']:.2f}x the fp32 target alone, "
                    f"outputs identical: {engine['identical']}") if engine else "engine: not measured"
     return f"""# {name}
 
