@@ -213,6 +213,12 @@ def test_sampled_passes_label_other_answers_with_the_untempered_law(data, tmp_pa
     card = model_card("tf", tmp_path / "run", report, counters, teacher.summarize(teacher_dir), 1000, 10)
     assert "teacher --response-shards 3 --text-shards 0 --sampled-passes 2 --sampling-temperature 1.5 " \
            "--sampled-shards 4" in card
+    # the card's train line rebuilds a drafter of this run's size
+    from specdec.distill.__main__ import parser
+
+    (line,) = [x for x in card.splitlines() if x.startswith("python -m specdec.distill train ")]
+    args = parser().parse_args(line.split()[3:])
+    assert (args.arch, args.hidden, args.layers, args.train_batch) == ("transformer", 16, 1, 4)
 
 
 def test_coverage_of_the_draft_vocabulary(data):

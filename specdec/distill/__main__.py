@@ -76,8 +76,8 @@ def stage_train(args: argparse.Namespace) -> None:
     reuse_freed_memory()  # this process only trains: 100+ MB activations come and go every step
     config = TrainConfig(arch=args.arch, minutes=args.minutes, max_tokens=args.max_tokens, seq_len=args.seq_len,
                          batch_size=args.train_batch, lr=args.lr, draft_vocab=args.draft_vocab, seed=args.seed,
-                         response_share=args.response_share,
-                         eval_every=args.eval_every, threads=args.threads)
+                         response_share=args.response_share, eval_every=args.eval_every, threads=args.threads,
+                         hidden=args.hidden, mamba_layers=args.layers, tf_layers=args.layers)
     run = args.data / "runs" / args.name
     if args.arch == "mamba-feat":
         from specdec.distill.feat import train_feat
@@ -171,6 +171,8 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--name", default="mamba-smollm2", help="run name; export folder assets/drafters/NAME")
     train.add_argument("--minutes", type=float, default=60.0, help="training wall-time budget")
     train.add_argument("--max-tokens", type=int, default=None, help="training token budget")
+    train.add_argument("--hidden", type=int, default=256, help="the drafter's width (a fresh run only)")
+    train.add_argument("--layers", type=int, default=4, help="the drafter's layers (a fresh run only)")
     train.add_argument("--seq-len", type=int, default=256)
     train.add_argument("--train-batch", type=int, default=16)
     train.add_argument("--lr", type=float, default=2e-3)
