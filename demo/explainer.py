@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 
 from demo.captions import quoted
+from demo.live import WAYS
 from demo.tree_svg import target_token
 from specdec.records import RoundRecord, Summary
 
@@ -63,8 +64,8 @@ def accept_step(r: RoundRecord) -> str:
 def bandit_step(r: RoundRecord) -> str:
     b = r.bandit
     if b is None:
-        return ("This method uses a fixed shape, so there is no choice to learn. With Drafting set to “Tree, shape "
-                "chosen by a bandit”, a UCB bandit picks the shape each round from what paid off so far.")
+        return (f"This method uses a fixed shape, so there is no choice to learn. With Drafting set to "
+                f"“{WAYS['ucb']}”, a UCB bandit picks the shape each round from what paid off so far.")
     arm = b.arms[b.chosen]
     mean = "untried" if arm.mean_reward is None else f"{arm.mean_reward:.2f}"
     ucb = "not computed yet (every shape is tried once first)" if arm.ucb is None else f"{arm.ucb:.2f}"

@@ -6,6 +6,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from demo.colours import SWATCHES
+from demo.live import WAYS
 from specdec.records import BanditSnapshot, RoundRecord
 
 FONT = dict(size=14, family="ui-sans-serif,system-ui,sans-serif", color="#222")
@@ -35,7 +36,7 @@ def empty_figure(message: str, height: int = 300) -> go.Figure:
 def bandit_figure(snapshot: BanditSnapshot | None, round_index: int | None = None) -> go.Figure:
     """Per arm: pulls, mean reward and UCB value as horizontal bars; the arm chosen this round in orange."""
     if snapshot is None:
-        return empty_figure("The bandit panel fills in when Drafting is “Tree, shape chosen by a bandit”.")
+        return empty_figure(f"The bandit panel fills in when Drafting is “{WAYS['ucb']}”.")
     names = [a.name for a in snapshot.arms]
     colours = [CHOSEN if i == snapshot.chosen else OTHER for i in range(len(names))]
     columns = [

@@ -72,8 +72,6 @@ def _reproduce(name: str, config: dict, segments: list[dict]) -> str:
     lines = ["python -m specdec.distill corpus"]
     features = config["arch"] == "mamba-feat"  # its teacher data carries the target's features too
     layers = config["tf_layers"] if config["arch"] == "transformer" else config["mamba_layers"]
-    shape = (f" --hidden {config['hidden']}" if config.get("hidden", 256) != 256 else "") + \
-        (f" --layers {layers}" if layers != 4 else "")  # non-default sizes only: older runs' lines stay as they were
     for seg in segments:
         sampled = (f" --sampled-passes {seg['sampled_passes']} --sampling-temperature {seg['sampling_temperature']:g} "
                    f"--sampled-shards {seg['sampled_shards']}" if seg.get("sampled_shards") else "")
@@ -83,7 +81,7 @@ def _reproduce(name: str, config: dict, segments: list[dict]) -> str:
             lines.append("python -m specdec.distill features")
         lines.append(f"python -m specdec.distill train --arch {config['arch']} --name {name} "
                      f"--minutes {seg['minutes']}" + (f" --max-tokens {seg['max_tokens']}" if seg['max_tokens'] else "")
-                     + f"{shape} --draft-vocab {config['draft_vocab']} --response-share {seg['response_share']} "
+                     + f" --hidden {config['hidden']} --layers {layers} --draft-vocab {config['draft_vocab']} --response-share {seg['response_share']} "
                      f"--lr {seg['lr']} --seq-len {seg['seq_len']} --train-batch {seg['batch_size']} "
                      f"--eval-every {seg['eval_every']}"
                      + (f" --threads {seg['threads']}" if seg['threads'] else ""))
