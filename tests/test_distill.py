@@ -271,12 +271,9 @@ def test_feature_drafter_trains_resumes_and_matches_the_engine_drafter(data, tmp
     assert torch.allclose(drafter.guesses[0].float(), trained_path[0, -1], atol=1e-4)
 
 
-def test_feature_drafter_evaluates_and_exports_a_loadable_folder(data, tmp_path):
-    """evaluate -> export for `--arch mamba-feat` on tiny models: a card with the measured figures and a folder the
-    engine's loader takes."""
-    from specdec.distill.feat import (add_features, evaluate_feat, export_feat, label_text_with_features,
-                                      train_feat)
-    from specdec.models import LoadedModel, load_feat_drafter
+def feat_teacher(data, tmp_path):
+    """Teacher data with features under `tmp_path/teacher`: the labelled text and the held-out answers."""
+    from specdec.distill.feat import add_features, label_text_with_features
 
     out, model, tokenizer = data
     teacher_dir = tmp_path / "teacher"
@@ -287,6 +284,17 @@ def test_feature_drafter_evaluates_and_exports_a_loadable_folder(data, tmp_path)
     for shard in (out / "teacher" / "responses" / "eval").glob("shard_*.pt"):
         (eval_dir / shard.name).write_bytes(shard.read_bytes())
     add_features(model, eval_dir)
+    return teacher_dir
+
+
+def test_feature_drafter_evaluates_and_exports_a_loadable_folder(data, tmp_path):
+    """evaluate -> export for `--arch mamba-feat` on tiny models: a card with the measured figures and a folder the
+    engine's loader takes."""
+    from specdec.distill.feat import evaluate_feat, export_feat, train_feat
+    from specdec.models import LoadedModel, load_feat_drafter
+
+    out, model, tokenizer = data
+    teacher_dir = feat_teacher(data, tmp_path)
     (tmp_path / "corpus").symlink_to(out / "corpus")
     config = TrainConfig(arch="mamba-feat", hidden=16, mamba_layers=1, max_tokens=4 * 16 * 2, seq_len=16,
                          batch_size=4, warmup=1, draft_vocab=20, eval_every=1)
@@ -320,3 +328,106 @@ def test_compare_lines_up_runs_by_tokens_seen(tmp_path):
     assert lines[0] == ("| window tokens seen | plug | feat (real feature) | feat (own guess) | plug wall min "
                         "| feat wall min |")
     assert lines[2:] == ["| 100 | 0.100 | 0.300 | 0.250 | 1.0 | 1.5 |", "| 200 | 0.200 |  |  | 2.0 |  |"]
+
+
+def test_corpus_parts_add_new_training_prompts_and_keep_the_old(tmp_path):
+    """`corpus --parts 2`: a second set of training prompts after the first, none equal to an earlier prompt of either
+    split; the first set (and so every answer shard made from it) is left as it was, and a rerun adds nothing."""
+    first = corpus.read_prompts(corpus.write_corpus(tmp_path, 12, 3, 2_000, seed=5))
+    folder = corpus.write_corpus(tmp_path, 12, 3, 2_000, seed=5, parts=2)
+    both = corpus.read_prompts(folder)
+    assert both[:len(first)] == first and {p.part for p in first} == {0}
+    added = both[len(first):]
+    assert added and {(p.part, p.split) for p in added} == {(1, "train")}
+    texts = [p.text for p in added]
+    assert len(set(texts)) == len(texts) and not set(texts) & {p.text for p in first}
+    assert all(sum(p.domain == d for p in added) <= 12 for d in corpus.DOMAINS)
+    assert corpus.read_prompts(corpus.write_corpus(tmp_path, 12, 3, 2_000, seed=5, parts=2)) == both
+
+
+def test_answers_to_a_corpus_part_go_to_their_own_folder_and_into_the_card(data, tmp_path):
+    """`teacher --part 1` answers only part 1's prompts, into `responses/train-part1`; training reads that folder
+    beside `responses/train`, and the card's commands rebuild both (parsed back through the CLI)."""
+    from specdec.distill.__main__ import parser
+    from specdec.engine import encode_prompt
+
+    out, model, tokenizer = data
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    lines = (out / "corpus" / "prompts.jsonl").read_text().splitlines()
+    part1 = [{"id": f"chat-p1-{i}", "domain": "chat", "split": "train", "text": f"another question {i}", "part": 1}
+             for i in range(5)]
+    (folder / "prompts.jsonl").write_text("\n".join(lines + [json.dumps(p) for p in part1]) + "\n")
+    teacher_dir = tmp_path / "teacher"
+    common = dict(batch_size=4, shard_prompts=8, max_new_tokens=6, k=4)
+    teacher.generate_responses(model, tokenizer, folder, teacher_dir, "train", part=1, **common)
+    (shard,) = teacher.load_shards(teacher_dir / "responses" / "train-part1")
+    starts = shard["starts"].tolist()
+    asked = [encode_prompt(tokenizer, p["text"]) for p in part1]
+    answered = [shard["tokens"][a:b].tolist() for a, b in zip(starts[:-1], starts[1:])]
+    assert len(answered) == len(asked) and all(any(seq[:len(a)] == a for seq in answered) for a in asked)
+    teacher.generate_responses(model, tokenizer, folder, teacher_dir, "train", **common)  # part 0 as before
+    assert [torch.equal(a["tokens"], b["tokens"]) for a, b in zip(
+        teacher.load_shards(teacher_dir / "responses" / "train"),
+        teacher.load_shards(out / "teacher" / "responses" / "train"))] == [True] * 3
+
+    config = TrainConfig(arch="transformer", hidden=16, tf_layers=1, max_tokens=64, seq_len=16, batch_size=4,
+                         warmup=1, draft_vocab=20, eval_every=1)
+    train(teacher_dir, tmp_path / "run", config, None, VOCAB)
+    (segment,) = read_segments(tmp_path / "run")
+    assert (segment["response_shards"], segment["part_shards"]) == (3, {"1": 1})
+    _, _, counters = load_run(tmp_path / "run")
+    report = {"teacher_forced": {"all": 0.25}, "coverage": 0.9,
+              "latency_ms": {"drafter_fp32": 1.0, "drafter_bf16": 1.0, "target_fp32": 10.0, "ratio_fp32": 0.1}}
+    card = model_card("tf", tmp_path / "run", report, counters, teacher.summarize(teacher_dir), 1000, 10)
+    commands = [line.split()[3:] for line in card.splitlines() if line.startswith("python -m specdec.distill ")]
+    parsed = [parser().parse_args(command) for command in commands]
+    assert [(a.stage, a.parts, a.part, a.response_shards) for a in parsed if a.stage in ("corpus", "teacher")] == \
+        [("corpus", 2, 0, None), ("teacher", 1, 0, 3), ("teacher", 1, 1, 1)]
+    assert "3 + 1 of corpus part 1 answer shards" in card
+
+
+def test_a_warm_start_begins_from_the_exported_drafter(data, tmp_path):
+    """`train --arch mamba-feat --init FOLDER`: a fresh run takes the folder's weights, draft vocabulary and size;
+    its first curve point (step 0, before any step) is the folder's own held-out acceptance, and the card's
+    command names the folder."""
+    from specdec.distill.__main__ import parser
+    from specdec.distill.feat import greedy_acceptance as feat_acceptance
+    from specdec.distill.feat import load_feat_run, load_with_features, model_card, train_feat
+    from specdec.drafters.mamba_feat import MambaFeatModel
+
+    _, model, _ = data
+    teacher_dir = feat_teacher(data, tmp_path)
+    config = dict(arch="mamba-feat", max_tokens=4 * 16 * 2, seq_len=16, batch_size=4, warmup=1, eval_every=1)
+    first = tmp_path / "first"
+    train_feat(teacher_dir, first, TrainConfig(hidden=16, mamba_layers=2, draft_vocab=20, **config), model)
+    drafter, draft_ids, _ = load_feat_run(first)
+    folder = tmp_path / "exported"
+    drafter.save(folder, draft_ids)  # bfloat16, as `export` writes it
+
+    run = tmp_path / "warm"
+    train_feat(teacher_dir, run, TrainConfig(init=str(folder), **config), model)  # hidden, layers, V_d: the folder's
+    start, *trained = [json.loads(line) for line in (run / "curve.jsonl").read_text().splitlines()]
+    exported = MambaFeatModel.load(folder)
+    embedding = model.get_input_embeddings().weight.detach().float()
+    expected = feat_acceptance(exported, embedding, model.get_output_embeddings().weight.detach().float()[draft_ids],
+                               draft_ids, load_with_features(teacher_dir / "responses" / "eval"))
+    assert (start["step"], start["loss"], start["acceptance"]) == (0, None, expected)
+    assert [point["step"] for point in trained] == [1, 2]
+    warm, warm_ids, counters = load_feat_run(run)
+    assert warm.config == exported.config and torch.equal(warm_ids, draft_ids)
+    assert not torch.equal(warm.w_in.weight, exported.w_in.weight)  # it trained from there
+
+    report = {"teacher_forced": {"real": 0.5, "guessed": 0.4}, "coverage": 0.9,
+              "latency_ms": {"drafter_fp32": 1.0, "drafter_bf16": 1.0, "target_fp32": 10.0}}
+    card = model_card("warm", run, report, counters, 1000)
+    (line,) = [x for x in card.splitlines() if x.startswith("python -m specdec.distill train ")]
+    args = parser().parse_args(line.split()[3:])
+    assert (args.init, args.hidden, args.layers, args.draft_vocab) == (folder, 16, 2, 20)
+    assert "| 0 | 0 | 0.0 | - |" in card
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    wider = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=2))
+    with pytest.raises(SystemExit, match="width 32, this target's are 48"):
+        train_feat(teacher_dir, tmp_path / "other", TrainConfig(init=str(folder), **config), wider)

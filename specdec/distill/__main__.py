@@ -31,7 +31,8 @@ def _target(args: argparse.Namespace, dtype: str):
 def stage_corpus(args: argparse.Namespace) -> None:
     from specdec.distill.corpus import write_corpus
 
-    folder = write_corpus(args.data, args.prompts_per_domain, args.eval_per_domain, args.text_chars, args.seed)
+    folder = write_corpus(args.data, args.prompts_per_domain, args.eval_per_domain, args.text_chars, args.seed,
+                          args.parts)
     print(f"corpus in {folder}")
 
 
@@ -46,7 +47,7 @@ def stage_teacher(args: argparse.Namespace) -> None:
                   k=args.topk)
     teacher.generate_responses(target.model, target.tokenizer, corpus, out, "eval", **common)
     teacher.generate_responses(target.model, target.tokenizer, corpus, out, "train", minutes=args.response_minutes,
-                               max_shards=args.response_shards, **common)
+                               max_shards=args.response_shards, part=args.part, **common)
     teacher.generate_sampled(target.model, target.tokenizer, corpus, out, args.sampled_passes,
                              args.sampling_temperature, minutes=args.sampled_minutes, max_shards=args.sampled_shards,
                              **common)
@@ -77,8 +78,11 @@ def stage_train(args: argparse.Namespace) -> None:
     config = TrainConfig(arch=args.arch, minutes=args.minutes, max_tokens=args.max_tokens, seq_len=args.seq_len,
                          batch_size=args.train_batch, lr=args.lr, draft_vocab=args.draft_vocab, seed=args.seed,
                          response_share=args.response_share, eval_every=args.eval_every, threads=args.threads,
-                         hidden=args.hidden, mamba_layers=args.layers, tf_layers=args.layers)
+                         hidden=args.hidden, mamba_layers=args.layers, tf_layers=args.layers,
+                         init=str(args.init) if args.init else None)
     run = args.data / "runs" / args.name
+    if args.init and args.arch != "mamba-feat":
+        raise SystemExit("--init starts a mamba-feat run from an exported drafter; the other kinds train from scratch")
     if args.arch == "mamba-feat":
         from specdec.distill.feat import train_feat
 
@@ -145,6 +149,9 @@ def parser() -> argparse.ArgumentParser:
     corpus.add_argument("--prompts-per-domain", type=int, default=1500)
     corpus.add_argument("--eval-per-domain", type=int, default=16)
     corpus.add_argument("--text-chars", type=int, default=4_000_000, help="raw text to label, in characters")
+    corpus.add_argument("--parts", type=int, default=1,
+                        help="append training-prompt parts until there are this many (part 0: the first corpus; each "
+                             "later part: --prompts-per-domain new prompts; existing prompts never change)")
     teacher = p.add_argument_group("teacher")
     teacher.add_argument("--teacher-dtype", default="bfloat16")
     teacher.add_argument("--batch-size", type=int, default=64)
@@ -155,6 +162,8 @@ def parser() -> argparse.ArgumentParser:
     teacher.add_argument("--label-batch", type=int, default=8)
     teacher.add_argument("--shard-windows", type=int, default=64)
     teacher.add_argument("--response-shards", type=int, default=None, help="stop after this many answer shards")
+    teacher.add_argument("--part", type=int, default=0,
+                         help="answer the training prompts of this corpus part (into responses/train-partK)")
     teacher.add_argument("--text-shards", type=int, default=None, help="stop after this many text shards")
     teacher.add_argument("--response-minutes", type=float, default=None, help="stop generating after this long")
     teacher.add_argument("--sampled-passes", type=int, default=0,
@@ -173,6 +182,9 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--max-tokens", type=int, default=None, help="training token budget")
     train.add_argument("--hidden", type=int, default=256, help="the drafter's width (a fresh run only)")
     train.add_argument("--layers", type=int, default=4, help="the drafter's layers (a fresh run only)")
+    train.add_argument("--init", type=Path, default=None,
+                       help="mamba-feat: start a fresh run from this exported drafter folder (its weights, draft "
+                            "vocabulary and size; a new optimizer), e.g. assets/drafters/mamba-feat-smollm2")
     train.add_argument("--seq-len", type=int, default=256)
     train.add_argument("--train-batch", type=int, default=16)
     train.add_argument("--lr", type=float, default=2e-3)

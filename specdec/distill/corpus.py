@@ -5,7 +5,9 @@ code snippets and prose passages are cut from the Python standard library that e
 (its sources, its docstrings and `pydoc_data.topics`, the language reference). Raw text from the same
 place is labelled later with one target forward pass (cheap soft labels, see `teacher.label_text`).
 
-Every prompt has a `split`: "train" or "eval"; eval prompts are never used for training.
+Every prompt has a `split`: "train" or "eval"; eval prompts are never used for training. And a `part`: 0 for the
+corpus as first built, K for the K-th set of training prompts appended later (`corpus --parts`), drawn with its
+own seed and never equal to an earlier prompt, so the prompts already answered, and their shards, stay as they were.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import ast
 import functools
 import json
+import os
 import random
 import sysconfig
 import zlib
@@ -107,6 +110,7 @@ class Prompt:
     domain: str
     split: str  # "train" | "eval"
     text: str
+    part: int = 0  # 0: the corpus as first built; k > 0: the k-th set of training prompts added later (`more_prompts`)
 
 
 def stdlib_dir() -> Path:
@@ -189,13 +193,39 @@ def _code_prompt(rng: random.Random, snippets: list[str]) -> str:
     return rng.choice(CODE_SNIPPET_TEMPLATES).format(code=rng.choice(snippets))
 
 
-def _unique(make: Callable[[], str], n: int) -> list[str]:
+def _unique(make: Callable[[], str], n: int, taken: frozenset[str] = frozenset()) -> list[str]:
     seen: set[str] = set()
     for _ in range(n * 20):
         if len(seen) == n:
             break
-        seen.add(make())
+        text = make()
+        if text not in taken:
+            seen.add(text)
     return sorted(seen)
+
+
+@functools.cache
+def _sources() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """Code snippets and prose passages, each split by source into "train" and "eval" (`held_out`)."""
+    snippets = {split: [] for split in ("train", "eval")}
+    for path in _stdlib_files():
+        split = "eval" if held_out(str(path.relative_to(stdlib_dir()))) else "train"
+        snippets[split].extend(_functions(path))
+    passages = {split: [] for split in ("train", "eval")}
+    for key, passage in _passages(_prose_documents()):
+        passages["eval" if held_out(key) else "train"].append(passage)
+    return snippets, passages
+
+
+def _makers(rng: random.Random) -> dict[str, Callable[[str], str]]:
+    """One prompt writer per domain, `split` -> a prompt drawn from that split's sources."""
+    snippets, passages = _sources()
+    return {
+        "code": lambda split: _code_prompt(rng, snippets[split]),
+        "math": lambda split: _math_prompt(rng),
+        "chat": lambda split: _chat_prompt(rng),
+        "summary": lambda split: rng.choice(SUMMARY_TEMPLATES).format(text=rng.choice(passages[split])),
+    }
 
 
 def build_prompts(per_domain: int, eval_per_domain: int, seed: int = 0) -> list[Prompt]:
@@ -204,27 +234,29 @@ def build_prompts(per_domain: int, eval_per_domain: int, seed: int = 0) -> list[
     Eval prompts never occur in training; their code snippets and passages come from held-out sources only.
     """
     rng = random.Random(seed)
-    snippets = {split: [] for split in ("train", "eval")}
-    for path in _stdlib_files():
-        split = "eval" if held_out(str(path.relative_to(stdlib_dir()))) else "train"
-        snippets[split].extend(_functions(path))
-    passages = {split: [] for split in ("train", "eval")}
-    for key, passage in _passages(_prose_documents()):
-        passages["eval" if held_out(key) else "train"].append(passage)
+    makers = _makers(rng)
     prompts = []
     for domain in DOMAINS:
-        makers = {
-            "code": lambda split: _code_prompt(rng, snippets[split]),
-            "math": lambda split: _math_prompt(rng),
-            "chat": lambda split: _chat_prompt(rng),
-            "summary": lambda split: rng.choice(SUMMARY_TEMPLATES).format(text=rng.choice(passages[split])),
-        }
         evals = _unique(lambda: makers[domain]("eval"), eval_per_domain)
         eval_texts = set(evals)
         trains = [t for t in _unique(lambda: makers[domain]("train"), per_domain) if t not in eval_texts]
         rng.shuffle(trains)
         prompts += [Prompt(f"{domain}-eval-{i:04d}", domain, "eval", t) for i, t in enumerate(evals)]
         prompts += [Prompt(f"{domain}-{i:05d}", domain, "train", t) for i, t in enumerate(trains)]
+    return prompts
+
+
+def more_prompts(existing: list[Prompt], per_domain: int, part: int, seed: int = 0) -> list[Prompt]:
+    """Part `part` (>= 1) of the training prompts: up to `per_domain` new ones per domain from the training sources,
+    drawn with the part's own seed, none equal to a prompt of `existing` (either split). A domain whose templates
+    are used up gives fewer or none."""
+    rng = random.Random(seed * 1_000 + part)
+    makers, taken = _makers(rng), frozenset(p.text for p in existing)
+    prompts = []
+    for domain in DOMAINS:
+        texts = _unique(lambda: makers[domain]("train"), per_domain, taken)
+        rng.shuffle(texts)
+        prompts += [Prompt(f"{domain}-p{part}-{i:05d}", domain, "train", t, part) for i, t in enumerate(texts)]
     return prompts
 
 
@@ -247,29 +279,41 @@ def build_text_documents(max_chars: int, seed: int = 0) -> list[dict]:
     return kept
 
 
-def write_corpus(out: Path, per_domain: int, eval_per_domain: int, text_chars: int, seed: int = 0) -> Path:
-    """Write `prompts.jsonl` and `text.jsonl` under `out/corpus/` (skipped when already there)."""
+def write_corpus(out: Path, per_domain: int, eval_per_domain: int, text_chars: int, seed: int = 0,
+                 parts: int = 1) -> Path:
+    """Write `prompts.jsonl` and `text.jsonl` under `out/corpus/` (skipped when already there), then append
+    training-prompt parts 1 .. `parts` - 1 that are missing (`more_prompts`, `per_domain` each): the prompts already
+    written, and so the answer shards already generated from them, never change."""
     folder = out / "corpus"
     done = folder / "done.json"
-    if done.exists():
-        return folder
-    folder.mkdir(parents=True, exist_ok=True)
-    prompts = build_prompts(per_domain, eval_per_domain, seed)
-    with open(folder / "prompts.jsonl", "w") as f:
-        for prompt in prompts:
-            f.write(json.dumps(asdict(prompt)) + "\n")
-    with open(folder / "text.jsonl", "w") as f:
-        for doc in build_text_documents(text_chars, seed):
-            f.write(json.dumps(doc) + "\n")
-    done.write_text(json.dumps({"prompts": len(prompts), "per_domain": per_domain, "eval_per_domain": eval_per_domain,
-                                "text_chars": text_chars, "seed": seed}))
+    if not done.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_prompts(folder, build_prompts(per_domain, eval_per_domain, seed))
+        with open(folder / "text.jsonl", "w") as f:
+            for doc in build_text_documents(text_chars, seed):
+                f.write(json.dumps(doc) + "\n")
+        done.write_text(json.dumps({"prompts": len(read_prompts(folder)), "per_domain": per_domain,
+                                    "eval_per_domain": eval_per_domain, "text_chars": text_chars, "seed": seed}))
+    prompts = read_prompts(folder)
+    for part in range(max(p.part for p in prompts) + 1, parts):
+        prompts += more_prompts(prompts, per_domain, part, json.loads(done.read_text())["seed"])
+        _write_prompts(folder, prompts)
     return folder
 
 
-def read_prompts(folder: Path, split: str | None = None) -> list[Prompt]:
+def _write_prompts(folder: Path, prompts: list[Prompt]) -> None:
+    """All of `prompts` to `prompts.jsonl` at once (a stopped append leaves the previous file)."""
+    tmp = folder / "prompts.jsonl.tmp"
+    with open(tmp, "w") as f:
+        for prompt in prompts:
+            f.write(json.dumps(asdict(prompt)) + "\n")
+    os.replace(tmp, folder / "prompts.jsonl")
+
+
+def read_prompts(folder: Path, split: str | None = None, part: int | None = None) -> list[Prompt]:
     with open(folder / "prompts.jsonl") as f:
         prompts = [Prompt(**json.loads(line)) for line in f]
-    return [p for p in prompts if split is None or p.split == split]
+    return [p for p in prompts if (split is None or p.split == split) and (part is None or p.part == part)]
 
 
 def read_documents(folder: Path) -> list[dict]:

@@ -61,22 +61,27 @@ def _segments(run: Path, config: dict, teacher_summary: dict) -> list[dict]:
 
 def segment_data(seg: dict) -> str:
     """What one training segment saw and ran on, as both kinds of card list it."""
-    share = f" at {seg['response_share']:.0%} of each batch" if seg.get("response_shards") and "response_share" in seg \
-        else ""
+    parts = seg.get("part_shards", {})
+    answers = seg.get("response_shards", 0) + sum(parts.values())
+    share = f" at {seg['response_share']:.0%} of each batch" if answers and "response_share" in seg else ""
+    more = "".join(f" + {n} of corpus part {part}" for part, n in parts.items())
     return (f"{seg['unique_labelled']:,} unique labelled tokens ({seg['text_shards']} text shards, "
-            f"{seg['response_shards']} answer shards{share}), {seg.get('threads') or 'all'} thread(s)")
+            f"{seg['response_shards']}{more} answer shards{share}), {seg.get('threads') or 'all'} thread(s)")
 
 
 def _reproduce(name: str, config: dict, segments: list[dict]) -> str:
     """The commands that rebuild the run: per segment, the teacher data it saw, then its training budget."""
-    lines = ["python -m specdec.distill corpus"]
+    parts = 1 + max((int(part) for seg in segments for part in seg.get("part_shards", {})), default=0)
+    lines = ["python -m specdec.distill corpus" + (f" --parts {parts}" if parts > 1 else "")]
     features = config["arch"] == "mamba-feat"  # its teacher data carries the target's features too
     layers = config["tf_layers"] if config["arch"] == "transformer" else config["mamba_layers"]
-    for seg in segments:
+    for index, seg in enumerate(segments):
         sampled = (f" --sampled-passes {seg['sampled_passes']} --sampling-temperature {seg['sampling_temperature']:g} "
                    f"--sampled-shards {seg['sampled_shards']}" if seg.get("sampled_shards") else "")
         lines.append(f"python -m specdec.distill teacher --response-shards {seg['response_shards']} "
                      f"--text-shards {seg['text_shards']}{sampled}" + (" --text-features" if features else ""))
+        lines += [f"python -m specdec.distill teacher --part {part} --response-shards {n}"
+                  for part, n in seg.get("part_shards", {}).items()]
         if features:
             lines.append("python -m specdec.distill features")
         lines.append(f"python -m specdec.distill train --arch {config['arch']} --name {name} "
@@ -84,7 +89,8 @@ def _reproduce(name: str, config: dict, segments: list[dict]) -> str:
                      + f" --hidden {config['hidden']} --layers {layers} --draft-vocab {config['draft_vocab']} --response-share {seg['response_share']} "
                      f"--lr {seg['lr']} --seq-len {seg['seq_len']} --train-batch {seg['batch_size']} "
                      f"--eval-every {seg['eval_every']}"
-                     + (f" --threads {seg['threads']}" if seg['threads'] else ""))
+                     + (f" --threads {seg['threads']}" if seg['threads'] else "")
+                     + (f" --init {config['init']}" if config.get("init") and index == 0 else ""))
     return "\n".join(lines)
 
 
@@ -152,8 +158,9 @@ Weights in bfloat16 ({size / 2**20:.1f} MiB folder).
 {data}
 
 Prompts are written templates in four domains (code, math, chat, summary) with snippets and passages from the
-Python standard library; `responses/train` holds the target's greedy answers to them, `responses/train-t<T>-<i>`
-(if any) answers sampled at temperature T, labelled with the untempered top-k; raw text is standard-library
+Python standard library; `responses/train` holds the target's greedy answers to them, `responses/train-partK` (if
+any) those to the prompts appended as corpus part K, `responses/train-t<T>-<i>` (if any) answers sampled at
+temperature T, labelled with the untempered top-k; raw text is standard-library
 source and documentation labelled with one target pass.
 Held-out prompts (16 per domain) and their sources never appear in training.
 

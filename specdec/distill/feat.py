@@ -205,11 +205,18 @@ def train_feat(teacher: Path, run: Path, config: TrainConfig, target) -> MambaFe
         ckpt = torch.load(run / "ckpt.pt", weights_only=False)
         model.load_state_dict(ckpt["model"])
         draft_ids = load_draft_vocab(str(run))
+    elif config.init:  # a warm start: the exported drafter's weights, V_d and size; a fresh optimizer
+        model, ckpt, draft_ids = MambaFeatModel.load(Path(config.init)), None, load_draft_vocab(config.init)
+        feat = model.config
+        if feat.target_hidden != D:
+            raise SystemExit(f"{config.init} reads features of width {feat.target_hidden}, this target's are {D}")
+        config.hidden, config.mamba_layers, config.draft_vocab = feat.hidden, feat.layers, len(draft_ids)
     else:
         torch.manual_seed(config.seed)
         feat = FeatConfig(target_hidden=D, hidden=config.hidden, layers=config.mamba_layers)
         model, ckpt = MambaFeatModel(feat), None
         draft_ids = choose_draft_vocab(response_shards + text_shards, config.draft_vocab, vocab_size)
+    if ckpt is None:
         (run / "draft_vocab.json").write_text(json.dumps({"token_ids": draft_ids.tolist()}))
         (run / "train_config.json").write_text(json.dumps({**asdict(config), "vocab_size": vocab_size,
                                                            "feat": asdict(feat)}, indent=1))
@@ -226,6 +233,17 @@ def train_feat(teacher: Path, run: Path, config: TrainConfig, target) -> MambaFe
         streams.append((FeatStream(response_shards), n_resp))
     if text_shards:
         streams.append((FeatStream(text_shards), config.batch_size - n_resp))
+
+    def check(loss: float | None) -> None:
+        """A held-out point on the learning curve at the current step."""
+        model.eval()
+        acceptance = greedy_acceptance(model, embedding, head, draft_ids, held_out) if held_out else {}
+        model.train()
+        with open(run / "curve.jsonl", "a") as f:
+            f.write(json.dumps({**state, "loss": loss, "acceptance": acceptance}) + "\n")
+
+    if config.init and not (run / "curve.jsonl").exists():
+        check(None)  # where the warm start begins, before its first step
     model.train()
     bar = tqdm(desc="train mamba-feat", unit="step", initial=state["step"])
     while _progress(config, state["wall_s"], state["tokens"]) < 1.0:
@@ -247,11 +265,7 @@ def train_feat(teacher: Path, run: Path, config: TrainConfig, target) -> MambaFe
         bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{state['tokens'] / state['wall_s']:.0f}")
         done = _progress(config, state["wall_s"], state["tokens"]) >= 1.0
         if state["step"] % config.eval_every == 0 or done:
-            model.eval()
-            acceptance = greedy_acceptance(model, embedding, head, draft_ids, held_out) if held_out else {}
-            model.train()
-            with open(run / "curve.jsonl", "a") as f:
-                f.write(json.dumps({**state, "loss": loss.item(), "acceptance": acceptance}) + "\n")
+            check(loss.item())
             save_checkpoint(run, model, optimizer, {**state, "generator": generator.get_state()})
     return model.eval()
 
@@ -321,7 +335,8 @@ def model_card(name: str, run: Path, report: dict, counters: dict, size: int) ->
     for line in (run / "curve.jsonl").read_text().splitlines():
         point = json.loads(line)
         acc = point["acceptance"]
-        rows.append(f"| {point['step']} | {point['tokens']:,} | {point['wall_s'] / 60:.1f} | {point['loss']:.3f} "
+        loss = "-" if point["loss"] is None else f"{point['loss']:.3f}"  # None: a warm start's first point
+        rows.append(f"| {point['step']} | {point['tokens']:,} | {point['wall_s'] / 60:.1f} | {loss} "
                     f"| {acc.get('real', float('nan')):.3f} | {acc.get('guessed', float('nan')):.3f} |")
     segments = read_segments(run)
     engine_line = (f"engine `mamba-feat-chain` (chain of 4, greedy, {engine['prompts']} held-out prompts, "

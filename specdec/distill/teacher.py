@@ -3,9 +3,10 @@
 Two sources, both written as the same `Shard` layout so training reads them alike:
 - `generate_responses`: the target's own answers to the corpus prompts (batched generation, chat template);
   only answer positions carry labels, so the drafter learns `p` exactly where it will draft. Greedy answers go to
-  `responses/<split>/`; sampled passes over the training prompts (`temperature` > 0, one folder per pass,
-  `responses/train-t<T>-<pass>/`) give more, different answers to the same prompts: the labels stay the target's
-  untempered top-k at every position, only the path through the answer changes;
+  `responses/<split>/`, those to a later corpus part K (prompts appended by `corpus --parts`) to
+  `responses/train-partK/`; sampled passes over the first part's training prompts (`temperature` > 0, one folder
+  per pass, `responses/train-t<T>-<pass>/`) give more, different answers to the same prompts: the labels stay the
+  target's untempered top-k at every position, only the path through the answer changes;
 - `label_text`: raw text labelled with one target forward pass (~5x cheaper per token than generating).
 
 Shard layout (flat over the shard's sequences; position t holds `p(· | tokens[:t+1])`, the next-token law):
@@ -156,6 +157,11 @@ def sampled_folder(temperature: float, index: int) -> str:
     return f"train-t{temperature:g}-{index}"
 
 
+def part_folder(split: str, part: int) -> str:
+    """The responses subfolder of the greedy answers to corpus part `part` of `split`."""
+    return f"{split}-part{part}" if part else split
+
+
 def sampled_temperature(folder_name: str) -> float:
     """The temperature of a `sampled_folder` name (its inverse): "train-t0.8-1" -> 0.8."""
     return float(folder_name.split("-")[1][1:])
@@ -164,17 +170,18 @@ def sampled_temperature(folder_name: str) -> float:
 def generate_responses(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, corpus: Path, out: Path,
                        split: str, batch_size: int, shard_prompts: int, max_new_tokens: int, k: int,
                        minutes: float | None = None, max_shards: int | None = None, temperature: float = 0.0,
-                       sampled_pass: int = 0) -> int:
+                       sampled_pass: int = 0, part: int = 0) -> int:
     """Write `out/responses/<split>/shard_*.pt`; existing shards are kept (resume). Returns new tokens written.
 
     `max_shards` caps the data reproducibly (shards come in a fixed order); `minutes` stops early by time.
     With `temperature` > 0 the answers are sampled, into `responses/train-t<T>-<sampled_pass>/`; each shard's
     sampler is seeded by (pass, shard), so a resumed pass writes what an unbroken one would have.
+    `part` > 0 answers the training prompts of that corpus part instead, into `responses/train-part<K>/`.
     """
-    name = sampled_folder(temperature, sampled_pass) if temperature > 0 else split
+    name = sampled_folder(temperature, sampled_pass) if temperature > 0 else part_folder(split, part)
     folder = out / "responses" / name
     folder.mkdir(parents=True, exist_ok=True)
-    prompts = _interleave(read_prompts(corpus, split))
+    prompts = _interleave(read_prompts(corpus, split, part))
     shards = list(_shards_of(prompts, shard_prompts))[:max_shards]
     start, written = time.monotonic(), 0
     for path, group, bar in _pending(folder, shards, minutes, f"teacher responses ({name})"):

@@ -46,6 +46,7 @@ class TrainConfig:
     seed: int = 0
     eval_every: int = 200
     threads: int | None = None
+    init: str | None = None  # mamba-feat: a fresh run starts from this exported drafter folder (weights, V_d, size)
 
 
 def reuse_freed_memory() -> bool:
@@ -311,14 +312,18 @@ SEGMENT_KEYS = ("minutes", "max_tokens", "seq_len", "batch_size", "lr", "respons
 
 
 def response_folders(teacher: Path) -> list[Path]:
-    """The training answers: `responses/train` (greedy), then any sampled passes `responses/train-t<T>-<i>`."""
+    """The training answers: `responses/train` (greedy), the greedy answers to later corpus parts
+    `responses/train-part<K>`, then any sampled passes `responses/train-t<T>-<i>`."""
     return sorted(p for p in (teacher / "responses").glob("train*") if p.is_dir())
 
 
 def _data_record(count: dict[str, int], text_shards: int) -> dict:
     """The data a segment trains on as the teacher's flags, from the shard count of each answer folder."""
-    sampled = [name for name in count if name != "train"]
+    sampled = [name for name in count if name.startswith("train-t")]
+    parts = {int(name.removeprefix("train-part")): n for name, n in count.items() if name.startswith("train-part")}
     record = {"response_shards": count.get("train", 0), "text_shards": text_shards}
+    if parts:
+        record["part_shards"] = {str(part): n for part, n in sorted(parts.items())}  # JSON keys are strings
     if sampled:
         record.update(sampled_passes=len(sampled), sampled_shards=sum(count[n] for n in sampled),
                       sampling_temperature=sampled_temperature(sampled[0]))
