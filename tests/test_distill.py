@@ -431,3 +431,19 @@ def test_a_warm_start_begins_from_the_exported_drafter(data, tmp_path):
                                          num_attention_heads=4, num_key_value_heads=2))
     with pytest.raises(SystemExit, match="width 32, this target's are 48"):
         train_feat(teacher_dir, tmp_path / "other", TrainConfig(init=str(folder), **config), wider)
+
+
+@pytest.mark.parametrize("native, expected", [(True, torch.bfloat16), (False, torch.float32)])
+def test_the_teacher_runs_in_bf16_only_where_the_cpu_multiplies_it_natively(monkeypatch, native, expected):
+    """`--teacher-dtype auto` (the default): emulated bf16 is several times slower than float32, so it is kept for
+    CPUs with AMX or AVX512-BF16; the feature recipe's output layer follows the same rule."""
+    from specdec.distill import __main__ as cli
+    from specdec.distill import feat
+
+    monkeypatch.setattr(cli, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(feat, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(cli, "load_model", lambda spec, device, dtype: dtype)
+    monkeypatch.setattr(cli, "_LOADED", {})
+    args = cli.parser().parse_args(["teacher"])
+    assert cli._target(args, args.teacher_dtype) is expected
+    assert feat.bf16_is_fast(torch.device("cpu")) is native
