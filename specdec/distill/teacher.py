@@ -157,9 +157,18 @@ def sampled_folder(temperature: float, index: int) -> str:
     return f"train-t{temperature:g}-{index}"
 
 
+PART_SUFFIX = "-part"
+
+
 def part_folder(split: str, part: int) -> str:
     """The responses subfolder of the greedy answers to corpus part `part` of `split`."""
-    return f"{split}-part{part}" if part else split
+    return f"{split}{PART_SUFFIX}{part}" if part else split
+
+
+def folder_part(folder_name: str) -> int | None:
+    """The corpus part of a `part_folder` name (its inverse): "train-part2" -> 2; None for any other folder."""
+    head, sep, part = folder_name.partition(PART_SUFFIX)
+    return int(part) if sep and head == "train" and part.isdigit() else None
 
 
 def sampled_temperature(folder_name: str) -> float:

@@ -25,7 +25,7 @@ import torch
 from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, MambaConfig, MambaForCausalLM, PreTrainedModel
 
-from specdec.distill.teacher import Shard, load_shards, sampled_temperature
+from specdec.distill.teacher import Shard, folder_part, load_shards, sampled_temperature
 from specdec.vocab import load_draft_vocab
 
 
@@ -320,7 +320,7 @@ def response_folders(teacher: Path) -> list[Path]:
 def _data_record(count: dict[str, int], text_shards: int) -> dict:
     """The data a segment trains on as the teacher's flags, from the shard count of each answer folder."""
     sampled = [name for name in count if name.startswith("train-t")]
-    parts = {int(name.removeprefix("train-part")): n for name, n in count.items() if name.startswith("train-part")}
+    parts = {folder_part(name): n for name, n in count.items() if folder_part(name) is not None}
     record = {"response_shards": count.get("train", 0), "text_shards": text_shards}
     if parts:
         record["part_shards"] = {str(part): n for part, n in sorted(parts.items())}  # JSON keys are strings
