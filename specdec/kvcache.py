@@ -8,27 +8,32 @@ tokens gives each token the attention of the prefix, its ancestors and itself, a
 Attention is the project's own function (`tree_attention`, registered with transformers' `AttentionInterface`),
 in one of two layouts:
 
-- **row-invariant** (the default on CPU): every query row is one call of `scaled_dot_product_attention` over
-  exactly the keys of its own branch (prefix, ancestors, itself), laid out as a single decode step of `ar` lays
-  them out. A tree row and the decode step that reaches the same position then run the very same kernel call on
-  the very same numbers, so their outputs are bitwise equal. With the projections and the output layer
-  row-invariant too (bfloat16 `F.linear` on a CPU with native bf16, up to `MAX_INVARIANT_ROWS` rows, see
-  `bf16_is_row_invariant`), a tree's logits equal those of decoding each branch alone, bit for bit.
+- **split** (the row-invariant layout, the default on CPU): a row at absolute position p attends its keys in two
+  parts cut at a boundary that depends on p alone, `head_end(p)`, a multiple of `SPLIT_BLOCK` at least
+  `SPLIT_MARGIN` positions back. The head `[0, head_end(p))` lies inside the committed prefix for every row up to
+  `SPLIT_MARGIN` deep, so the rows of a pass that share a head attend it in one kernel call, each row its own batch
+  element over the same keys (a view, nothing copied); the tail `[head_end(p), p]` (the rest of the prefix, the
+  ancestors, itself) is gathered per row into `TAIL` slots, padded and masked at the end, and all rows attend
+  their tails in a second call. The two parts are merged by their log-sum-exp, elementwise. A decode step at p
+  cuts its keys at the same place and runs the same calls with the same shapes on the same numbers (the CPU kernel
+  computes every batch element alike, whatever the batch), so a tree row and the decode step that reaches its
+  position get the same bits. With the projections and the output layer row-invariant too (packed linears,
+  float32 or bfloat16, up to `MAX_INVARIANT_ROWS` rows, where the CPU passes `specdec.packed.probe_min_rows`), a
+  tree's logits equal those of decoding each branch alone, bit for bit. The committed prefix is read once per row
+  and layer, from cache, with no per-row call.
 - **block**: the whole region at once, one kernel call with a tree attention mask (CUDA, where cuBLAS is not
-  row-invariant anyway, and the prompt's prefill, which every method runs the same way).
+  row-invariant anyway, the Transformer drafter, and the prompt's prefill, which every method runs the same way).
 
 Per layer the keys and values live in one buffer `[1, H_kv, capacity, d]`: the committed prefix at
 `[0, length)`, then scratch. The region's own keys and values are kept beside it, so a commit copies only the
 accepted entries into place: its cost grows with the accepted tokens, not with the context. Entries a pass left in
-place already are not copied again: the block layout writes the region in order, the row layout leaves the first
-child's branch (a decode step's one token, a drafter's likeliest branch) in the buffer; for `ar` that took the
-commit from 1.2 to 0.14 ms a step (30 layers of two copies each).
+place already are not copied again: the block layout writes the region in order, the split layout writes the
+first child's branch (a decode step's one token, a drafter's likeliest branch), so `ar`'s commit copies nothing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -36,12 +41,12 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from specdec.packed import PackedLinear, pack_linears, packing_available
+from specdec.models import packed_min_rows
+from specdec.packed import MAX_INVARIANT_ROWS, PACKED_DTYPES, pack_linears
 from specdec.tree import ancestor_matrix
 from specdec.vocab import scatter_head
 
 ATTENTION = "specdec_tree"  # the attention implementation name the wrapped models are switched to
-MAX_INVARIANT_ROWS = 32  # bf16 F.linear is row-invariant up to this many rows on this project's CPU (measured)
 _GROWTH = 256  # buffer capacity grows in multiples of this many positions
 
 
@@ -55,6 +60,16 @@ def tree_attention_mask(prefix_len: int, anc: torch.Tensor, rows: slice, dtype: 
     return mask[None, None].to(device)  # [1, 1, n_rows, prefix_len + S]
 
 
+SPLIT_BLOCK = 16  # the split layout cuts a row's keys at multiples of this absolute position
+SPLIT_MARGIN = 16  # ... at least this many positions before the row: rows up to this deep share heads in the prefix
+TAIL = SPLIT_BLOCK + SPLIT_MARGIN  # the most keys a row's tail holds: every tail is padded to this many
+
+
+def head_end(position: int) -> int:
+    """Where the split layout cuts the keys of a row at `position`: a function of the position alone."""
+    return max(0, (position - SPLIT_MARGIN) // SPLIT_BLOCK * SPLIT_BLOCK)
+
+
 @dataclass
 class Pass:
     """What `tree_attention` needs to know about one forward: the committed length and each new row's branch."""
@@ -62,33 +77,58 @@ class Pass:
     length: int  # committed prefix
     start: int  # region index of the first new row
     paths: list[list[int]]  # per new row: region indices of its branch, root first, ending with the row itself
-    row_invariant: bool
+    row_invariant: bool  # the split layout (else the block layout)
     mask: torch.Tensor | None = None  # block layout: [1, 1, n, length + S] additive tree mask (None: causal)
-    plan: list[tuple[int, int, list[int] | slice | None, int]] = field(default_factory=list)
+    device: torch.device = torch.device("cpu")
+    # The split layout's plan, the same for every layer, so it is worked out once per pass (see `_plan_split`).
+    low: int = 0  # the first committed position any tail reads
+    tail_index: torch.Tensor | None = None  # [n * TAIL] per row, its tail's slots in the gather source
+    tail_mask: torch.Tensor | None = None  # [n, 1, 1, TAIL] 0 for a key, -inf for padding
+    heads: list[tuple[int, torch.Tensor | None, list[int]]] = field(default_factory=list)  # (end, rows, entries)
+    branch: list[int] = field(default_factory=list)  # region entries the pass writes after the prefix
 
     def __post_init__(self) -> None:
-        # The row layout's work list, the same for every layer, so it is worked out once per pass: per row in
-        # depth-first order (each row's branch then extends a prefix of the one before), (row, buffer position to
-        # write at, region entries to write there or None, keys end). Later children are visited first, so the
-        # branch left in the buffer is the first child's (a drafter's likeliest): a commit along it copies nothing.
-        if not self.row_invariant:  # the block layout (and the prefill) needs no plan
-            return
-        written: list[int] = []  # region entries in the buffer after the prefix
-        for r in sorted(range(len(self.paths)), key=lambda r: [-i for i in self.paths[r]]):
-            path = self.paths[r]
-            same = common_prefix(written, path)
-            entries = path[same:]
-            if entries and entries == list(range(entries[0], entries[0] + len(entries))):
-                entries = slice(entries[0], entries[0] + len(entries))  # a view, not a gather
-            self.plan.append((r, self.length + same, entries or None, self.length + len(path)))
-            written = path
+        if self.row_invariant:  # the block layout (and the prefill) needs no plan
+            _plan_split(self)
 
     @property
     def placed(self) -> list[int]:
         """The region entries in the buffer after the prefix once this pass has run, in position order."""
         if not self.row_invariant:  # the block layout writes the region in order
             return list(range(self.start + len(self.paths)))
-        return self.paths[self.plan[-1][0]] if self.plan else []
+        return self.branch
+
+
+def _plan_split(step: Pass) -> None:
+    """Each row's cut (`head_end`), its tail's slots in the gather source `[prefix[low:length], region, zero]`, and
+    the rows grouped by their head: (head end, row indices or None for all rows, region entries the head holds
+    beyond the prefix: empty for rows up to `SPLIT_MARGIN` deep)."""
+    length, n = step.length, len(step.paths)
+    region = step.start + n  # region entries once this pass's are added
+    positions = [length + len(path) - 1 for path in step.paths]
+    cuts = [head_end(p) for p in positions]
+    step.low = min(min(cuts), length)
+    zero = length - step.low + region  # the gather source's zero slot
+    index, valid = [], []
+    for path, p, cut in zip(step.paths, positions, cuts):
+        slots = [q - step.low if q < length else length - step.low + path[q - length] for q in range(cut, p + 1)]
+        valid.append(len(slots))
+        index += slots + [zero] * (TAIL - len(slots))
+    step.tail_index = torch.tensor(index, device=step.device)
+    mask = torch.zeros(n, TAIL)
+    for r, count in enumerate(valid):
+        mask[r, count:] = float("-inf")
+    step.tail_mask = mask[:, None, None].to(step.device)  # [n, 1, 1, TAIL]
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for r, (path, cut) in enumerate(zip(step.paths, cuts)):
+        if cut:
+            groups.setdefault((cut, *path[: max(0, cut - length)]), []).append(r)
+    for (cut, *entries), rows in groups.items():
+        which = None if len(rows) == n else torch.tensor(rows, device=step.device)
+        step.heads.append((cut, which, entries))
+    # Later children first, as a depth-first walk would leave the buffer: the first child's branch (a drafter's
+    # likeliest) is written after the prefix, so a commit along it copies nothing.
+    step.branch = max(step.paths, key=lambda path: [-i for i in path])
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -180,7 +220,8 @@ def tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     region = 0 if tree_kv.region_keys[layer] is None else tree_kv.region_keys[layer].shape[2]
     if step.row_invariant:
         tree_kv.add(layer, key, value, step.length + max(len(p) for p in step.paths))
-        return _row_attention(tree_kv, layer, query, scaling), None
+        tree_kv.write(layer, step.length, step.branch)
+        return _split_attention(tree_kv, layer, query, scaling), None
     tree_kv.add(layer, key, value, step.length + region + key.shape[2])
     tree_kv.write(layer, step.length + region, slice(region, region + key.shape[2]))
     end = step.length + region + key.shape[2]
@@ -191,51 +232,48 @@ def tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     return out.transpose(1, 2).contiguous(), None
 
 
-def _row_attention(tree_kv: TreeKV, layer: int, query: torch.Tensor, scaling: float | None) -> torch.Tensor:
-    """One kernel call per row over its own branch; rows go depth-first, so each writes one key into place."""
+_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # (out, log-sum-exp); no dropout, no causal
+
+
+def _split_attention(tree_kv: TreeKV, layer: int, query: torch.Tensor, scaling: float | None) -> torch.Tensor:
+    """The split layout (module docstring): every row's tail in one call, each shared head in one call, merged."""
     step = tree_kv.step
     _, heads, n, d = query.shape
-    groups = heads // tree_kv.region_keys[layer].shape[1]  # query heads per key/value head (GQA)
-    rows = query[0].transpose(0, 1).reshape(n, -1, groups, d)  # [n, H_kv, groups, d], row r contiguous
-    keys, values = tree_kv.keys[layer], tree_kv.values[layer]
-    out = query.new_empty(1, n, heads, d)  # every row is written below
-    for r, at, entries, end in step.plan:
-        if entries is not None:
-            tree_kv.write(layer, at, entries)
-        out[0, r] = F.scaled_dot_product_attention(rows[r: r + 1], keys[:, :, :end], values[:, :, :end],
-                                                   scale=scaling).reshape(heads, d)
-    return out
+    region_k, region_v = tree_kv.region_keys[layer], tree_kv.region_values[layer]  # [1, H_kv, S, d]
+    kv_heads = region_k.shape[1]
+    q = query[0].transpose(0, 1).reshape(n, kv_heads, heads // kv_heads, d)  # [n, H_kv, groups, d]: GQA groups
+    keys, values = tree_kv.keys[layer], tree_kv.values[layer]  # [1, H_kv, capacity, d]
+
+    def tails(buffer: torch.Tensor, region: torch.Tensor) -> torch.Tensor:  # -> [n, H_kv, TAIL, d]
+        zero = region.new_zeros(1, kv_heads, 1, d)
+        source = torch.cat([buffer[:, :, step.low: step.length], region, zero], dim=2)[0]  # [H_kv, slots, d]
+        return source.index_select(1, step.tail_index).view(kv_heads, n, TAIL, d).transpose(0, 1)
+
+    out, lse = _flash(q, tails(keys, region_k), tails(values, region_v), 0.0, False, attn_mask=step.tail_mask,
+                      scale=scaling)  # [n, H_kv, groups, d], [n, H_kv, groups]
+    for end, rows, entries in step.heads:
+        count = n if rows is None else len(rows)
+        if entries:  # a row deeper than SPLIT_MARGIN: its head runs past the prefix into its own branch
+            index = torch.tensor(entries, device=q.device)
+            head_k = torch.cat([keys[:, :, : step.length], region_k.index_select(2, index)], dim=2)
+            head_v = torch.cat([values[:, :, : step.length], region_v.index_select(2, index)], dim=2)
+        else:
+            head_k, head_v = keys[:, :, :end], values[:, :, :end]  # [1, H_kv, end, d], views of the prefix
+        head_out, head_lse = _flash(q if rows is None else q[rows], head_k.expand(count, -1, -1, -1),
+                                    head_v.expand(count, -1, -1, -1), 0.0, False, scale=scaling)
+        tail_out, tail_lse = (out, lse) if rows is None else (out[rows], lse[rows])
+        top = torch.maximum(head_lse, tail_lse)
+        w_head, w_tail = torch.exp(head_lse - top)[..., None], torch.exp(tail_lse - top)[..., None]
+        merged = (head_out.float() * w_head + tail_out.float() * w_tail) / (w_head + w_tail)  # [count, H_kv, g, d]
+        if rows is None:
+            out = merged.to(out.dtype)
+        else:
+            out = out.index_copy(0, rows, merged.to(out.dtype))
+    return out.reshape(n, heads, d)[None]  # [1, n, H, d]
 
 
 AttentionInterface.register(ATTENTION, tree_attention)
 ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)  # other callers of the model get sdpa's masks
-
-
-def _bf16_linear(weight: torch.Tensor) -> torch.nn.Module:
-    """weight [out, in] (bf16) -> the linear layer a bf16 CPU model runs here: packed where oneDNN can
-    (`specdec.packed`, what `load_model` and `TreeLM` install), else a plain `nn.Linear`."""
-    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype)
-    linear.weight.data = weight
-    linear.requires_grad_(False)
-    return PackedLinear(linear) if packing_available() else linear
-
-
-@cache
-def bf16_is_row_invariant(rows: int = MAX_INVARIANT_ROWS) -> bool:
-    """Whether this machine's bfloat16 matmuls give each row the same bits whatever the row count (1..`rows`).
-
-    Probed once per process on random weights of a small target's shapes, with the linear layer the models run
-    (`_bf16_linear`); a CPU without native bf16 (or a BLAS that changes kernels with the row count) fails it, and
-    `--dtype auto` then keeps float32.
-    """
-    g = torch.Generator().manual_seed(0)
-    for out_features, in_features in ((576, 576), (1536, 576), (576, 1536), (8192, 576)):
-        linear = _bf16_linear((torch.randn(out_features, in_features, generator=g) * 0.05).bfloat16())
-        x = torch.randn(rows, in_features, generator=g).bfloat16()
-        single = torch.cat([linear(x[i: i + 1]) for i in range(rows)])  # [rows, out]
-        if any(not torch.equal(linear(x[:n]), single[:n]) for n in range(2, rows + 1)):
-            return False
-    return True
 
 
 def row_invariant_by_default(device: torch.device) -> bool:
@@ -264,8 +302,8 @@ class TreeLM:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.row_invariant = row_invariant_by_default(self.device) if row_invariant is None else row_invariant
-        if self.row_invariant and self.dtype == torch.bfloat16 and self.device.type == "cpu":
-            pack_linears(model)  # the row-invariant bf16 kernel `bf16_is_row_invariant` checked (no-op if done)
+        if self.device.type == "cpu" and self.dtype in PACKED_DTYPES:
+            pack_linears(model, packed_min_rows(self.dtype))  # the kernel `probe_min_rows` checked (no-op if done)
         self.head_ids = head_ids.to(self.device) if head_ids is not None else None
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         if self.head_ids is not None:
@@ -313,7 +351,8 @@ class TreeLM:
         if not self.row_invariant and not prefill:
             mask = tree_attention_mask(self.length, ancestor_matrix(self.parents[:end]), slice(start, end),
                                        self.dtype, self.device)
-        self.cache.step = Pass(self.length, start, self.paths[start:end], self.row_invariant and not prefill, mask)
+        self.cache.step = Pass(self.length, start, self.paths[start:end], self.row_invariant and not prefill, mask,
+                               self.device)
         inputs = dict(input_ids=ids, position_ids=positions, tree_kv=self.cache, use_cache=False)
         self.cache.placed = []  # until the pass has run through: a failed one may have written part of the buffer
         try:

@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import save_model
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from specdec.packed import pack_linears, packing_available
+from specdec.packed import PACKED_DTYPES, pack_linears, probe_min_rows
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_TARGET = "smollm2-135m-instruct"
@@ -116,24 +116,24 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-_PROBE_VERSION = 4  # 4: the 8-row packed layout; 3: not timed; 2: timed, packed; 1: timed, one row
+_PROBE_VERSION = 5  # bump when what `cpu_kernels` probes changes, so every machine probes again
 
 
-def cpu_auto_dtype() -> torch.dtype:
-    """The target's `auto` dtype on this CPU: bfloat16 where it is exact and fast by construction, float32 elsewhere.
+def cpu_kernels() -> dict:
+    """What this CPU's kernels give the verifier, probed once per machine and kept: the `auto` dtype and, per
+    packable dtype, the fewest rows from which packed linears are row-invariant (`specdec.packed.probe_min_rows`).
 
-    Exact: the CPU multiplies bf16 natively (AVX512-BF16 or AMX) and its bf16 matmuls, as the models run them, are
-    row-invariant (`bf16_is_row_invariant`), so the verifier's logits are bitwise those of single decode steps.
-    Fast: oneDNN can pack the bf16 weights once (`specdec.packed`), which removes the per-call weight reorder that
-    makes a plain bf16 decode step no faster than float32 (README, "Exact in bfloat16"). The decision uses no
-    timing: a timing taken while the machine is busy (a test suite, another tenant) once kept float32 for good.
+    `auto` is bfloat16 where it is exact and fast by construction: the CPU multiplies bf16 natively (AVX512-BF16
+    or AMX) and its packed bf16 linears are row-invariant, so the verifier's logits are bitwise those of single
+    decode steps, and packing removes the per-call weight reorder that makes a plain bf16 step no faster than
+    float32. Elsewhere float32, which is exact on every CPU whose packed float32 linears pass the same probe. The
+    decision uses no timing: a timing taken while the machine is busy (a test suite, another tenant) could keep the
+    slower precision for good.
 
-    The answer changes which tokens greedy decoding prints (each precision is exact to itself, not to the other), so
-    it must not flip between runs on one machine: it is probed once and kept in `probe_file()`, keyed by the CPU,
-    torch's version and the thread count, and every later process (the app, the CLI, the benchmark) reads it.
+    The answers change which tokens greedy decoding prints (each precision and kernel is exact to itself, not to
+    the others), so they must not flip between runs on one machine: they are kept in `probe_file()`, keyed by the
+    CPU, torch's version and the thread count, and every later process (the app, the CLI, the benchmark) reads them.
     """
-    from specdec.kvcache import bf16_is_row_invariant
-
     key = f"{_cpu_name()}|torch {torch.__version__}|{torch.get_num_threads()} threads|{platform.machine()}|" \
           f"probe {_PROBE_VERSION}"
     path = probe_file()
@@ -143,10 +143,10 @@ def cpu_auto_dtype() -> torch.dtype:
         known = {}
     if key not in known:
         native = cpu_has_native_bf16()
-        exact = native and bf16_is_row_invariant()
-        packed = packing_available()
-        known[key] = {"dtype": "bfloat16" if exact and packed else "float32", "native_bf16": native,
-                      "bf16_row_invariant": exact, "bf16_packing": packed}
+        rows = {"bfloat16": probe_min_rows(torch.bfloat16) if native else None,
+                "float32": probe_min_rows(torch.float32)}
+        known[key] = {"dtype": "bfloat16" if rows["bfloat16"] else "float32", "native_bf16": native,
+                      "min_rows": rows}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_suffix(f".{os.getpid()}.tmp")
@@ -154,7 +154,28 @@ def cpu_auto_dtype() -> torch.dtype:
             partial.replace(path)  # atomic: a process reading it sees the old or the new file, whole
         except OSError:
             pass  # a read-only home: decide again next time
-    return _DTYPES[known[key]["dtype"]]
+    return known[key]
+
+
+def cpu_auto_dtype() -> torch.dtype:
+    """The target's `auto` dtype on this CPU (`cpu_kernels`)."""
+    return _DTYPES[cpu_kernels()["dtype"]]
+
+
+def row_invariant(dtype: torch.dtype) -> bool:
+    """Whether this CPU's packed linears of `dtype` are row-invariant, so the verifier is bit-exact in it."""
+    return dtype in PACKED_DTYPES and cpu_kernels()["min_rows"][_dtype_name(dtype)] is not None
+
+
+def packed_min_rows(dtype: torch.dtype) -> int:
+    """The rows a packed linear of `dtype` pads a smaller input to on this CPU (1 where the probe found none)."""
+    if dtype not in PACKED_DTYPES:
+        return 1
+    return cpu_kernels()["min_rows"][_dtype_name(dtype)] or 1
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def cache_dir() -> Path:
@@ -189,10 +210,8 @@ def resolve_drafter_dtype(dtype: str, device: torch.device, target_dtype: torch.
 
     A drafter's precision never touches exactness (the target checks every token against q, whatever q is), so
     `auto` picks the faster one. On a CPU that is float32 even where bf16 is native: a drafter's matmuls are small
-    (width 256), and a bf16 call's fixed cost in oneDNN (~30 us, packed or not) outweighs the bandwidth it saves;
-    measured on this project's Xeon (AMX), a (2,1,1) drafting round plus its commit took 9.9 ms in float32 against
-    12.2 ms in bf16 for the plug-in Mamba drafter, 14.6 against 18.1 for mamba-feat, 14.7 against 17.5 for the
-    Transformer drafter.
+    (width 256), and a bf16 call's fixed cost in oneDNN outweighs the bandwidth it saves (compare with
+    `python -m specdec bench --drafter-dtype bfloat16`, docs/benchmarks.md).
     """
     if dtype == "auto":
         return torch.float32 if device.type == "cpu" else target_dtype
@@ -333,10 +352,11 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype, vocab_size: 
 
 
 def _ready(model: PreTrainedModel, device: torch.device) -> PreTrainedModel:
-    """On `device`, in eval mode; a bfloat16 model on a CPU gets its linear layers packed (`specdec.packed`)."""
+    """On `device`, in eval mode; a float32 or bfloat16 model on a CPU gets its linear layers packed
+    (`specdec.packed`), padded to the rows this CPU's kernels need to be row-invariant."""
     model = model.to(device).eval()
-    if device.type == "cpu" and model.dtype == torch.bfloat16:
-        pack_linears(model)
+    if device.type == "cpu" and model.dtype in PACKED_DTYPES:
+        pack_linears(model, packed_min_rows(model.dtype))
     return model
 
 

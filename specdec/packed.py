@@ -1,17 +1,20 @@
-"""bfloat16 linear layers with their weights packed once for oneDNN (CPU): the same matmul, without the per-call cost.
+"""Linear layers with their weights packed once for oneDNN (CPU, float32 or bfloat16): the same matmul, without
+the per-call weight reorder, and with each row's bits independent of how many rows share the call.
 
-On a CPU, `F.linear` in bfloat16 hands the weight to oneDNN in its plain layout on every call, and oneDNN reorders
-it into its blocked layout each time. For a decode step (one row against every weight of the model) that reorder
-costs more than the multiply: on this project's Intel Xeon (AMX) the 211 matmuls of a SmolLM2-135M step took 50 ms
-in bf16 against 55 ms in float32 on one thread, and 34 ms with the weights packed once (`python -m specdec bench`
-reports the whole step). Packing is what PyTorch's own compiler does for frozen CPU models (inductor's weight
-prepacking); this module does the same for an eager model: each `nn.Linear` is swapped for a `PackedLinear` that
-keeps the original `weight` Parameter (tied weights stay tied, anything reading `.weight` still works) and a packed
-copy used by `forward`.
+`F.linear` on a CPU hands the weight to its kernel in the plain layout on every call; in bfloat16 oneDNN reorders
+it into its blocked layout each time, which for a decode step (one row against every weight of the model) costs
+more than the multiply, and in float32 the BLAS kernel it takes for 2-16 rows costs about twice what one row does
+and gives row i other bits as the row count changes. `torch.ops.mkldnn._reorder_linear_weight` packs a weight once
+for a given row count and `torch.ops.mkldnn._linear_pointwise` multiplies by the packed copy: the flat, row-
+invariant kernel a tree verifier needs. Packing is what PyTorch's own compiler does for frozen CPU models
+(inductor's weight prepacking); this module does it for an eager model: each `nn.Linear` is swapped for a
+`PackedLinear` that keeps the original `weight` Parameter (tied weights stay tied, anything reading `.weight` still
+works) and a packed copy used by `forward`.
 
-The packed kernel is row-invariant: row i of an n-row input gets the same bits for every n (checked on this CPU up
-to 32 rows, the verifier's block size; `specdec.kvcache.bf16_is_row_invariant` probes it on each machine), which
-the exact bf16 verifier needs.
+Row invariance is a property of the CPU's kernels, so it is probed (`probe_min_rows`): on some CPUs every row count
+from 1 to `MAX_INVARIANT_ROWS` agrees; on others a lone row takes another kernel than two or more (float32 with an
+input width over 1024 on AVX-512 CPUs), and a layer then pads a one-row input to two rows, which costs about what
+one row does. `specdec.models.packed_min_rows` keeps the probe's answer per machine.
 Reference twin: `F.linear` (`tests/test_packed.py` checks the two agree).
 """
 
@@ -23,24 +26,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+PACKED_DTYPES = (torch.float32, torch.bfloat16)
+MAX_INVARIANT_ROWS = 32  # the verifier's block size: rows a pass holds at most (longer ones are split)
+# The row count oneDNN lays the packed weight out for; tuned with `python -m specdec bench --cost-curve`
+# (docs/benchmarks.md): a layout for one row is neither flat nor row-invariant, 8 rows is both on the CPUs measured.
+PACK_ROWS = 8
+
 
 @cache
-def packing_available() -> bool:
-    """Whether this torch build has oneDNN's packed linear for bfloat16 on this CPU (tried once per process)."""
+def packing_available(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether this torch build has oneDNN's packed linear for `dtype` on this CPU (tried once per process)."""
     try:
-        w = torch.zeros(8, 16, dtype=torch.bfloat16)
-        out = _packed_linear(torch.ones(2, 16, dtype=torch.bfloat16), _pack(w), None)
+        w = torch.zeros(8, 16, dtype=dtype)
+        out = _packed_linear(torch.ones(2, 16, dtype=dtype), _pack(w), None)
         return out.shape == (2, 8) and bool((out == 0).all())
-    except (AttributeError, RuntimeError):  # no mkldnn ops in this build, or no bf16 primitive on this CPU
+    except (AttributeError, RuntimeError):  # no mkldnn ops in this build, or no primitive for dtype on this CPU
         return False
-
-
-# The row count oneDNN lays the packed weight out for. A speculative round runs blocks of 1 to ~16 rows. Measured
-# on this project's Xeon (AMX, 2 threads, the 211 matmuls of a SmolLM2 step, interleaved, medians of 7): a layout
-# for 1 row took 38.9 ms for 1 row and 39.6 for 6; for 4, 8, 16, 32 or 64 rows, 24-30 ms for either (float32:
-# 28-31 and 53-54). The 1-row layout was row-invariant up to 80 rows, the others up to 32 (33 switches kernels),
-# which is the verifier's block size (`specdec.kvcache.MAX_INVARIANT_ROWS`).
-PACK_ROWS = 8
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:
@@ -53,28 +54,32 @@ def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
 
 
 class PackedLinear(nn.Linear):
-    """An `nn.Linear` (bfloat16, CPU) whose forward runs on a packed copy of its weight.
+    """An `nn.Linear` (float32 or bfloat16, CPU) whose forward runs on a packed copy of its weight.
 
-    Inference only: where autograd needs the weight or the input (training) it falls back to `F.linear`, as it
-    does for a tensor on another device or in another dtype. The packed copy follows the weight: a weight changed
-    in place or replaced (`load_state_dict`, `.to()`) is packed again at the next call.
+    `min_rows`: inputs with fewer rows are padded with zero rows to this many (`probe_min_rows`), so every call
+    takes the kernel that larger blocks take. Inference only: where autograd needs the weight or the input
+    (training) it falls back to `F.linear`, as it does for a tensor on another device or in another dtype. The
+    packed copy follows the weight: a weight changed in place or replaced (`load_state_dict`, `.to()`) is packed
+    again at the next call.
     """
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, min_rows: int = 1) -> None:
         nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias  # the same Parameters: ties and `.weight` readers hold
+        self.min_rows = min_rows
         self.repack()
 
     def repack(self) -> None:
-        """Pack the weight again (a weight moved off the CPU or out of bf16 is left unpacked: `F.linear` runs)."""
-        cpu_bf16 = self.weight.device.type == "cpu" and self.weight.dtype == torch.bfloat16
-        self.packed = _pack(self.weight) if cpu_bf16 else None
+        """Pack the weight again (a weight moved off the CPU or to another dtype is left unpacked: `F.linear`)."""
+        packable = self.weight.device.type == "cpu" and self.weight.dtype in PACKED_DTYPES
+        self.packed = _pack(self.weight) if packable else None
+        self.packed_dtype = self.weight.dtype if packable else None
         self.packed_from = self._weight_key()
 
-    def _weight_key(self) -> tuple[int, int]:
+    def _weight_key(self) -> tuple[int, int, torch.dtype]:
         weight = self.weight  # an inference tensor keeps no version counter (nor may it change outside inference)
-        return weight.data_ptr(), 0 if weight.is_inference() else weight._version
+        return weight.data_ptr(), 0 if weight.is_inference() else weight._version, weight.dtype
 
     def __getstate__(self) -> dict:  # copies and pickles carry the weight; the packed copy is rebuilt from it
         return {key: value for key, value in super().__getstate__().items() if key not in ("packed", "packed_from")}
@@ -84,25 +89,58 @@ class PackedLinear(nn.Linear):
         self.repack()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu" or x.dtype != torch.bfloat16 or self.weight.dtype != torch.bfloat16 or \
+        if x.device.type != "cpu" or x.dtype != self.weight.dtype or self.weight.dtype not in PACKED_DTYPES or \
                 (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
             return F.linear(x, self.weight, self.bias)
         if self._weight_key() != self.packed_from:
             self.repack()
+        rows = x.numel() // self.in_features
+        if 0 < rows < self.min_rows:  # [..., in] -> [min_rows, in], keep the first `rows` outputs
+            padded = torch.cat([x.reshape(rows, self.in_features), x.new_zeros(self.min_rows - rows, self.in_features)])
+            return _packed_linear(padded, self.packed, self.bias)[:rows].reshape(*x.shape[:-1], self.out_features)
         return _packed_linear(x, self.packed, self.bias)
 
 
-def pack_linears(model: nn.Module) -> int:
-    """Swap every bfloat16 CPU `nn.Linear` of `model` for a `PackedLinear` (in place; idempotent).
+def pack_linears(model: nn.Module, min_rows: int = 1) -> int:
+    """Swap every CPU `nn.Linear` of `model` in a packable dtype for a `PackedLinear` (in place; idempotent).
 
     Returns how many were swapped; 0 where packing is unavailable. The model's outputs change only by the
-    rounding of another kernel; its greedy tokens are then exact to this model, as every bf16 pass here is.
+    rounding of another kernel.
     """
-    if not packing_available():
-        return 0
     swapped = 0
     for name, module in list(model.named_modules()):
-        if type(module) is nn.Linear and module.weight.dtype == torch.bfloat16 and module.weight.device.type == "cpu":
-            model.set_submodule(name, PackedLinear(module))
+        if type(module) is nn.Linear and module.weight.dtype in PACKED_DTYPES and module.weight.device.type == "cpu" \
+                and packing_available(module.weight.dtype):
+            model.set_submodule(name, PackedLinear(module, min_rows))
             swapped += 1
     return swapped
+
+
+# The target's matmul shapes (SmolLM2-135M: width 576, MLP 1536) and an output-layer-sized one.
+_PROBE_SHAPES = ((576, 576), (1536, 576), (576, 1536), (8192, 576))
+
+
+@cache
+def probe_min_rows(dtype: torch.dtype, rows: int = MAX_INVARIANT_ROWS) -> int | None:
+    """The fewest rows from which this CPU's packed `dtype` linear gives every row the same bits for any row count
+    up to `rows`: 1 (any count), 2 (a lone row must be padded to two) or None (not row-invariant, or no packing).
+
+    Probed once per process on random weights of a small target's shapes, with `PackedLinear` itself.
+    """
+    if not packing_available(dtype):
+        return None
+    g = torch.Generator().manual_seed(0)
+    layers = []
+    for out_features, in_features in _PROBE_SHAPES:
+        linear = nn.Linear(in_features, out_features, bias=False, dtype=dtype).requires_grad_(False)
+        linear.weight.copy_(torch.randn(out_features, in_features, generator=g) * 0.05)
+        layers.append((linear, torch.randn(rows, in_features, generator=g).to(dtype)))
+    for min_rows in (1, 2):
+        invariant = True
+        for linear, x in layers:
+            packed = PackedLinear(linear, min_rows)
+            single = torch.cat([packed(x[i: i + 1]) for i in range(rows)])  # [rows, out]
+            invariant &= all(torch.equal(packed(x[:n]), single[:n]) for n in range(2, rows + 1))
+        if invariant:
+            return min_rows
+    return None

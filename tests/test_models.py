@@ -81,32 +81,35 @@ def test_the_cli_says_which_drafter_is_missing(no_drafters, capsys, method, pres
 
 
 def test_the_cpu_auto_dtype_is_probed_once_and_kept(monkeypatch, tmp_path):
-    """`auto` decides which tokens greedy prints: bfloat16 only where it is exact (native bf16, row-invariant
-    matmuls) and the packed kernel is there; decided once per machine and kept, so a later process cannot flip it."""
-    import specdec.kvcache as kvcache
-
+    """`auto` decides which tokens greedy prints: bfloat16 only where it is exact (native bf16, packed bf16 linears
+    row-invariant), else float32; decided once per machine and kept with each dtype's padding rows, so a later
+    process cannot flip it."""
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
-    checks = {"native": True, "invariant": True, "packing": True}
+    checks = {"native": True, torch.bfloat16: 1, torch.float32: 2}
     calls = []
 
-    def invariant():
-        calls.append(1)
-        return checks["invariant"]
+    def probe(dtype):
+        calls.append(dtype)
+        return checks[dtype]
 
     monkeypatch.setattr(models_module, "cpu_has_native_bf16", lambda: checks["native"])
-    monkeypatch.setattr(kvcache, "bf16_is_row_invariant", invariant)
-    monkeypatch.setattr(models_module, "packing_available", lambda: checks["packing"])
+    monkeypatch.setattr(models_module, "probe_min_rows", probe)
     assert models_module.resolve_dtype("auto", CPU) == torch.bfloat16
-    checks["invariant"] = False
+    assert models_module.packed_min_rows(torch.float32) == 2 and models_module.row_invariant(torch.float32)
+    checks[torch.bfloat16] = None
     assert models_module.resolve_dtype("auto", CPU) == torch.bfloat16  # kept: not probed again
-    assert len(calls) == 1
-    for missing in ("native", "invariant", "packing"):
-        checks.update(native=True, invariant=True, packing=True)
-        checks[missing] = False
+    assert len(calls) == 2
+    for missing in ("native", torch.bfloat16):
+        checks.update({"native": True, torch.bfloat16: 1})
+        checks[missing] = False if missing == "native" else None
         (tmp_path / "cpu-dtype.json").unlink()
         assert models_module.resolve_dtype("auto", CPU) == torch.float32, missing
+    checks[torch.float32] = None  # float32 not row-invariant either: packed all the same, without padding
+    (tmp_path / "cpu-dtype.json").unlink()
+    assert not models_module.row_invariant(torch.float32) and models_module.packed_min_rows(torch.float32) == 1
     kept = json.loads((tmp_path / "cpu-dtype.json").read_text())
-    assert [entry["dtype"] for entry in kept.values()] == ["float32"] and "bf16_packing" in next(iter(kept.values()))
+    assert [entry["dtype"] for entry in kept.values()] == ["float32"]
+    assert next(iter(kept.values()))["min_rows"] == {"bfloat16": None, "float32": None}
 
 
 def test_a_converted_gguf_is_kept_exactly_and_read_back(monkeypatch, tmp_path):

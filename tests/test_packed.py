@@ -1,4 +1,4 @@
-"""Packed bfloat16 linears (`specdec.packed`) against their reference twin, `F.linear`."""
+"""Packed linears (`specdec.packed`, float32 and bfloat16) against their reference twin, `F.linear`."""
 
 import copy
 
@@ -8,29 +8,72 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.kvcache import MAX_INVARIANT_ROWS
-from specdec.packed import PackedLinear, pack_linears, packing_available
+from specdec.models import packed_min_rows, row_invariant
+from specdec.packed import PackedLinear, pack_linears, packing_available, probe_min_rows
 
-pytestmark = pytest.mark.skipif(not packing_available(), reason="no oneDNN packed bf16 linear on this CPU/build")
+pytestmark = pytest.mark.skipif(not packing_available(torch.bfloat16) or not packing_available(torch.float32),
+                                reason="no oneDNN packed linear on this CPU/build")
+TOLERANCE = {torch.bfloat16: 0.05, torch.float32: 1e-4}  # rounding of outputs of size ~1
 
 
-def _linear(out_features: int, in_features: int, bias: bool) -> nn.Linear:
+def _linear(out_features: int, in_features: int, bias: bool, dtype: torch.dtype = torch.bfloat16) -> nn.Linear:
     torch.manual_seed(0)
-    return nn.Linear(in_features, out_features, bias=bias).bfloat16().requires_grad_(False)
+    return nn.Linear(in_features, out_features, bias=bias).to(dtype).requires_grad_(False)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("in_features", [576, 1536])  # 1536: a lone float32 row takes another kernel on AVX-512
 @pytest.mark.parametrize("bias", [False, True])
-def test_packed_agrees_with_f_linear_and_is_row_invariant(bias):
-    linear = _linear(1536, 576, bias)
-    packed = PackedLinear(linear)
-    x = torch.randn(1, 40, 576).bfloat16()  # [1, n, in]
+def test_packed_agrees_with_f_linear_and_is_row_invariant(bias, in_features, dtype):
+    if not row_invariant(dtype):
+        pytest.skip(f"this CPU's packed {dtype} linears are not row-invariant")
+    linear = _linear(576, in_features, bias, dtype)
+    packed = PackedLinear(linear, packed_min_rows(dtype))
+    x = torch.randn(1, 40, in_features).to(dtype)  # [1, n, in]
     out = packed(x)  # [1, n, out]
     reference = F.linear(x.float(), linear.weight.float(), None if linear.bias is None else linear.bias.float())
-    assert out.shape == (1, 40, 1536)
-    assert (out.float() - reference).abs().max() < 0.05  # bf16 rounding of outputs of size ~1
-    single = torch.cat([packed(x[:, i: i + 1]) for i in range(40)], dim=1)
+    assert out.shape == (1, 40, 576) and out.dtype == dtype
+    assert (out.float() - reference).abs().max() < TOLERANCE[dtype]
+    single = torch.cat([packed(x[:, i: i + 1]) for i in range(40)], dim=1)  # one row a call, padded where needed
     for n in (2, 3, 5, 8, 16, 32):  # up to the verifier's block size: row i has the same bits whatever the count
         assert torch.equal(packed(x[:, :n]), single[:, :n])
     assert MAX_INVARIANT_ROWS == 32
+
+
+def test_a_padded_single_row_is_the_row_of_a_larger_block():
+    """`min_rows=2` computes a lone row inside a two-row call: its bits are those of any larger block's row, and
+    the shapes of the input come back (a batch of one, a flat vector of rows)."""
+    linear = _linear(576, 1536, bias=True, dtype=torch.float32)
+    packed = PackedLinear(linear, min_rows=2)
+    x = torch.randn(5, 1536)
+    block = packed(x)  # [5, 576]
+    assert torch.equal(packed(x[None, 2:3]), block[None, 2:3])  # [1, 1, in] -> [1, 1, out]
+    assert torch.equal(packed(x[3]), block[3])  # [in] -> [out]
+
+
+def test_the_probe_finds_the_fewest_rows_that_are_invariant(monkeypatch):
+    """Against a stand-in kernel whose lone row is computed differently (as float32 on AVX-512 is), the probe
+    answers 2; against one that changes every row with the count, None; the real kernel's answer is kept."""
+    from specdec import packed as packed_module
+
+    real = packed_module._packed_linear
+
+    def lone_row_differs(x, weight, bias):
+        out = real(x, weight, bias)
+        return out + 1 if x.shape[0] == 1 else out
+
+    def count_dependent(x, weight, bias):
+        return real(x, weight, bias) * (1 + 1e-3 * x.shape[0])
+
+    for kernel, expected in ((lone_row_differs, 2), (count_dependent, None)):
+        monkeypatch.setattr(packed_module, "_packed_linear", kernel)
+        probe_min_rows.cache_clear()
+        assert probe_min_rows(torch.float32, rows=6) == expected, kernel.__name__
+    monkeypatch.undo()
+    probe_min_rows.cache_clear()
+    from specdec.models import cpu_kernels
+
+    assert probe_min_rows(torch.float32) == cpu_kernels()["min_rows"]["float32"]  # what this machine kept
 
 
 def test_packing_follows_the_weight_and_survives_copies():
@@ -43,9 +86,12 @@ def test_packing_follows_the_weight_and_survives_copies():
     assert torch.allclose(packed(x).float(), 2 * before.float(), rtol=0.02, atol=0.02)
     clone = copy.deepcopy(packed)
     assert torch.equal(clone(x), packed(x)) and clone.weight.data_ptr() != packed.weight.data_ptr()
-    as_float = packed.float()  # another dtype: F.linear, and copies of it need no packing
-    assert torch.equal(as_float(x.float()), F.linear(x.float(), linear.weight.float()))
-    assert copy.deepcopy(as_float).packed is None
+    as_half = packed.half()  # a dtype oneDNN packing does not take: F.linear, and copies of it need no packing
+    assert torch.equal(as_half(x.half()), F.linear(x.half(), linear.weight.half()))
+    assert copy.deepcopy(as_half).packed is None
+    as_float = packed.float()  # float32 is packed again, from the converted weight
+    assert torch.allclose(as_float(x.float()), F.linear(x.float(), as_float.weight), atol=1e-5)
+    assert as_float.packed_dtype == torch.float32
 
 
 def test_pack_linears_keeps_tied_weights_and_autograd():

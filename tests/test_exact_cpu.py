@@ -1,5 +1,6 @@
-"""The row-invariant verifier: in bfloat16 on a CPU with native bf16, a tree pass gives every node the bits of
-decoding its branch one token at a time, so every method prints exactly the tokens of `ar` in that precision."""
+"""The row-invariant verifier: in float32 and in bfloat16 on a CPU whose packed linears pass the row-invariance probe,
+a tree pass gives every node the bits of decoding its branch one token at a time, so every method prints exactly
+the tokens of `ar` in that precision."""
 
 import copy
 
@@ -8,20 +9,26 @@ import torch
 
 from specdec.config import LOOKUP_BRANCH, GenerationConfig
 from specdec.engine import generate, make_verifier
-from specdec.kvcache import MAX_INVARIANT_ROWS, TreeLM, bf16_is_row_invariant
-from specdec.models import Models
+from specdec.kvcache import MAX_INVARIANT_ROWS, TreeLM
+from specdec.models import Models, row_invariant
 from specdec.tree import TreeShape
 from tests.test_kvcache import _branch
 from tests.tiny import tiny_llama
 
-needs_bf16 = pytest.mark.skipif(not bf16_is_row_invariant(), reason="this CPU's bf16 matmuls are not row-invariant")
+DTYPES = [pytest.param(dtype, marks=pytest.mark.skipif(not row_invariant(dtype), reason=f"this CPU's packed {dtype} "
+                                                        "linears are not row-invariant"))
+          for dtype in (torch.float32, torch.bfloat16)]
 
 
-@pytest.fixture(scope="module")
-def smollm2_bf16() -> Models:
+@pytest.fixture(scope="module", params=DTYPES, ids=["float32", "bfloat16"])
+def smollm2_exact(request, smollm2) -> Models:
+    """The real target in each precision whose verifier is bit-exact here (float32: the session's shared copy)."""
     torch.set_num_threads(2)
-    models = Models(device="cpu", dtype="bfloat16")
-    models.load()
+    if request.param == torch.float32:
+        models = smollm2
+    else:
+        models = Models(device="cpu", dtype="bfloat16")
+        models.load()
     yield models
     torch.set_num_threads(1)
 
@@ -37,10 +44,9 @@ def _stepwise(base: TreeLM, tokens: list[int], parents: list[int]) -> dict[int, 
     return logits
 
 
-@needs_bf16
 @pytest.mark.parametrize("context", [7, 2000])
-def test_tree_rows_equal_single_steps_bitwise(smollm2_bf16, context):
-    target = smollm2_bf16.target
+def test_tree_rows_equal_single_steps_bitwise(smollm2_exact, context):
+    target = smollm2_exact.target
     text = target.tokenizer("A state-space model keeps a fixed-size state per layer. " * 200)["input_ids"]
     g = torch.Generator().manual_seed(context)
     base = make_verifier(target.model)
@@ -54,9 +60,8 @@ def test_tree_rows_equal_single_steps_bitwise(smollm2_bf16, context):
             assert torch.equal(tree[node], expected), (context, shape.name, node)
 
 
-@needs_bf16
-def test_blocks_longer_than_the_invariant_row_count_are_split(smollm2_bf16):
-    target = smollm2_bf16.target
+def test_blocks_longer_than_the_invariant_row_count_are_split(smollm2_exact):
+    target = smollm2_exact.target
     base = make_verifier(target.model)
     base.prefill([1, 2, 3])
     tokens = list(range(100, 100 + MAX_INVARIANT_ROWS + 5))  # one chain, longer than MAX_INVARIANT_ROWS
@@ -66,12 +71,11 @@ def test_blocks_longer_than_the_invariant_row_count_are_split(smollm2_bf16):
     assert all(torch.equal(block[i], steps[i]) for i in range(len(tokens)))
 
 
-@needs_bf16
 @pytest.mark.parametrize("prompt", ["Write a Python function that reverses a list.",
                                     "Summarise: the cat sat on the mat. The cat sat on the mat because it was warm."])
-def test_every_method_prints_the_tokens_of_ar_in_bf16(smollm2_bf16, prompt):
+def test_every_method_prints_the_tokens_of_ar(smollm2_exact, prompt):
     def tokens(**kwargs) -> list[int]:
-        *_, summary = generate(smollm2_bf16, prompt, GenerationConfig(max_new_tokens=48, **kwargs))
+        *_, summary = generate(smollm2_exact, prompt, GenerationConfig(max_new_tokens=48, **kwargs))
         return summary
 
     ar = tokens(method="ar")
