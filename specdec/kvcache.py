@@ -34,6 +34,7 @@ first child's branch (a decode step's one token, a drafter's likeliest branch), 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -251,25 +252,72 @@ def _split_attention(tree_kv: TreeKV, layer: int, query: torch.Tensor, scaling: 
 
     out, lse = _flash(q, tails(keys, region_k), tails(values, region_v), 0.0, False, attn_mask=step.tail_mask,
                       scale=scaling)  # [n, H_kv, groups, d], [n, H_kv, groups]
+    mode = head_mode(q.dtype, q.shape[2], d)
     for end, rows, entries in step.heads:
-        count = n if rows is None else len(rows)
         if entries:  # a row deeper than SPLIT_MARGIN: its head runs past the prefix into its own branch
             index = torch.tensor(entries, device=q.device)
             head_k = torch.cat([keys[:, :, : step.length], region_k.index_select(2, index)], dim=2)
             head_v = torch.cat([values[:, :, : step.length], region_v.index_select(2, index)], dim=2)
         else:
             head_k, head_v = keys[:, :, :end], values[:, :, :end]  # [1, H_kv, end, d], views of the prefix
-        head_out, head_lse = _flash(q if rows is None else q[rows], head_k.expand(count, -1, -1, -1),
-                                    head_v.expand(count, -1, -1, -1), 0.0, False, scale=scaling)
+        head_out, head_lse = _head_attention(q if rows is None else q[rows], head_k, head_v, scaling, mode)
         tail_out, tail_lse = (out, lse) if rows is None else (out[rows], lse[rows])
-        top = torch.maximum(head_lse, tail_lse)
-        w_head, w_tail = torch.exp(head_lse - top)[..., None], torch.exp(tail_lse - top)[..., None]
-        merged = (head_out.float() * w_head + tail_out.float() * w_tail) / (w_head + w_tail)  # [count, H_kv, g, d]
-        if rows is None:
-            out = merged.to(out.dtype)
-        else:
-            out = out.index_copy(0, rows, merged.to(out.dtype))
+        top = torch.maximum(head_lse, tail_lse)  # torch.exp is the same in every lane here; torch.sigmoid is not
+        w_head, w_tail = torch.exp(head_lse - top), torch.exp(tail_lse - top)
+        share = (w_head / (w_head + w_tail))[..., None]  # the head's weight e^lse_h / (e^lse_h + e^lse_t)
+        merged = tail_out.float() + (head_out.float() - tail_out.float()) * share  # [count, H_kv, groups, d]
+        out = merged.to(out.dtype) if rows is None else out.index_copy(0, rows, merged.to(out.dtype))
     return out.reshape(n, heads, d)[None]  # [1, n, H, d]
+
+
+def _head_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float | None,
+                    mode: tuple[int, bool]) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [m, H_kv, groups, d] over the same keys k/v [1, H_kv, end, d] -> (out [m, H_kv, groups, d], lse [m, H_kv,
+    groups]). `mode` (`head_mode`): (rows a call stacks, whether a call is padded to that many); 0 rows: each row
+    its own batch element over the shared keys (a view), which reads the keys once per row."""
+    rows, padded = mode
+    m, kv_heads, groups, d = q.shape
+    if not rows:
+        return _flash(q, k.expand(m, -1, -1, -1), v.expand(m, -1, -1, -1), 0.0, False, scale=scaling)
+    outs, lses = [], []
+    for i in range(0, m, rows):
+        chunk = q[i: i + rows]
+        count = chunk.shape[0]
+        if padded and count < rows:
+            chunk = torch.cat([chunk, chunk.new_zeros(rows - count, kv_heads, groups, d)])
+        stacked = chunk.transpose(0, 1).reshape(1, kv_heads, -1, d)  # the chunk's queries along one axis
+        out, lse = _flash(stacked, k, v, 0.0, False, scale=scaling)  # [1, H_kv, rows * groups, d], [1, H_kv, ...]
+        outs.append(out[0].view(kv_heads, -1, groups, d)[:, :count].transpose(0, 1))
+        lses.append(lse[0].view(kv_heads, -1, groups)[:, :count].transpose(0, 1))
+    return (outs[0], lses[0]) if len(outs) == 1 else (torch.cat(outs), torch.cat(lses))
+
+
+@cache
+def head_mode(dtype: torch.dtype, groups: int, d: int) -> tuple[int, bool]:
+    """How the split layout attends a head shared by several rows on this CPU: the cheapest way that is row-
+    invariant. First choice, every row's queries stacked along one axis, up to 32 queries a call (the CPU kernel's
+    query block), which reads the keys once for them all; then the same with every call padded to 8 rows, so a
+    decode step runs the very shape a tree does; else each row its own batch element over the shared keys (the
+    kernel computes every batch element alike). Probed once per process on random tensors, as
+    `specdec.packed.probe_min_rows` probes the linears."""
+    g = torch.Generator().manual_seed(0)
+    most = max(1, 32 // groups)
+    cases = []
+    for keys in (100, 700):
+        k, v = (torch.randn(1, 3, keys, d, generator=g).to(dtype) for _ in range(2))
+        cases.append((torch.randn(most, 3, groups, d, generator=g).to(dtype), k, v))
+
+    def invariant(mode: tuple[int, bool]) -> bool:
+        for q, k, v in cases:
+            alone = [_head_attention(q[i: i + 1], k, v, None, mode) for i in range(most)]
+            for n in range(2, most + 1):
+                out, lse = _head_attention(q[:n], k, v, None, mode)
+                if any(not torch.equal(out[i], alone[i][0][0]) or not torch.equal(lse[i], alone[i][1][0])
+                       for i in range(n)):
+                    return False
+        return True
+
+    return next((mode for mode in ((most, False), (min(8, most), True)) if invariant(mode)), (0, False))
 
 
 AttentionInterface.register(ATTENTION, tree_attention)
