@@ -83,10 +83,12 @@ class Pass:
     device: torch.device = torch.device("cpu")
     # The split layout's plan, the same for every layer, so it is worked out once per pass (see `_plan_split`).
     low: int = 0  # the first committed position any tail reads
+    tail_start: int | None = None  # every row's tail is the buffer's [tail_start, tail_start + TAIL): a view
+    needed: int = 0  # buffer positions the pass reads or writes
     tail_index: torch.Tensor | None = None  # [n * TAIL] per row, its tail's slots in the gather source
     tail_mask: torch.Tensor | None = None  # [n, 1, 1, TAIL] 0 for a key, -inf for padding
     heads: list[tuple[int, torch.Tensor | None, list[int]]] = field(default_factory=list)  # (end, rows, entries)
-    branch: list[int] = field(default_factory=list)  # region entries the pass writes after the prefix
+    branch: list[int] | slice = field(default_factory=list)  # region entries the pass writes after the prefix
 
     def __post_init__(self) -> None:
         if self.row_invariant:  # the block layout (and the prefill) needs no plan
@@ -97,7 +99,7 @@ class Pass:
         """The region entries in the buffer after the prefix once this pass has run, in position order."""
         if not self.row_invariant:  # the block layout writes the region in order
             return list(range(self.start + len(self.paths)))
-        return self.branch
+        return list(range(self.branch.start, self.branch.stop)) if isinstance(self.branch, slice) else self.branch
 
 
 def _plan_split(step: Pass) -> None:
@@ -109,13 +111,23 @@ def _plan_split(step: Pass) -> None:
     positions = [length + len(path) - 1 for path in step.paths]
     cuts = [head_end(p) for p in positions]
     step.low = min(min(cuts), length)
+    # Later children first, as a depth-first walk would leave the buffer: the first child's branch (a drafter's
+    # likeliest) is written after the prefix, so a commit along it copies nothing.
+    branch = max(step.paths, key=lambda path: [-i for i in path])
+    step.branch = slice(branch[0], branch[-1] + 1) if branch == list(range(branch[0], branch[-1] + 1)) else branch
+    step.needed = length + len(branch)
+    if len(set(cuts)) == 1 and all(path == branch[: len(path)] for path in step.paths):
+        # A chain (a decode step, a drafted chain): every row's keys lie in the buffer once the branch is written,
+        # from the one cut on, so every tail is a view of the same TAIL positions, masked after the row.
+        step.tail_start, step.needed = cuts[0], max(step.needed, cuts[0] + TAIL)
     zero = length - step.low + region  # the gather source's zero slot
     index, valid = [], []
     for path, p, cut in zip(step.paths, positions, cuts):
-        slots = [q - step.low if q < length else length - step.low + path[q - length] for q in range(cut, p + 1)]
-        valid.append(len(slots))
-        index += slots + [zero] * (TAIL - len(slots))
-    step.tail_index = torch.tensor(index, device=step.device)
+        valid.append(p + 1 - cut)
+        if step.tail_start is None:
+            index += [q - step.low if q < length else length - step.low + path[q - length] for q in range(cut, p + 1)]
+            index += [zero] * (TAIL - valid[-1])
+    step.tail_index = torch.tensor(index, device=step.device) if index else None
     mask = torch.zeros(n, TAIL)
     for r, count in enumerate(valid):
         mask[r, count:] = float("-inf")
@@ -126,10 +138,7 @@ def _plan_split(step: Pass) -> None:
             groups.setdefault((cut, *path[: max(0, cut - length)]), []).append(r)
     for (cut, *entries), rows in groups.items():
         which = None if len(rows) == n else torch.tensor(rows, device=step.device)
-        step.heads.append((cut, which, entries))
-    # Later children first, as a depth-first walk would leave the buffer: the first child's branch (a drafter's
-    # likeliest) is written after the prefix, so a commit along it copies nothing.
-    step.branch = max(step.paths, key=lambda path: [-i for i in path])
+        step.heads.append((cut, which, entries if step.tail_start is None else []))  # a chain's are in the buffer
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -220,7 +229,7 @@ def tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     step, layer = tree_kv.step, module.layer_idx
     region = 0 if tree_kv.region_keys[layer] is None else tree_kv.region_keys[layer].shape[2]
     if step.row_invariant:
-        tree_kv.add(layer, key, value, step.length + max(len(p) for p in step.paths))
+        tree_kv.add(layer, key, value, step.needed)
         tree_kv.write(layer, step.length, step.branch)
         return _split_attention(tree_kv, layer, query, scaling), None
     tree_kv.add(layer, key, value, step.length + region + key.shape[2])
@@ -250,7 +259,12 @@ def _split_attention(tree_kv: TreeKV, layer: int, query: torch.Tensor, scaling: 
         source = torch.cat([buffer[:, :, step.low: step.length], region, zero], dim=2)[0]  # [H_kv, slots, d]
         return source.index_select(1, step.tail_index).view(kv_heads, n, TAIL, d).transpose(0, 1)
 
-    out, lse = _flash(q, tails(keys, region_k), tails(values, region_v), 0.0, False, attn_mask=step.tail_mask,
+    if step.tail_start is not None:
+        window = slice(step.tail_start, step.tail_start + TAIL)
+        tail_k, tail_v = keys[:, :, window].expand(n, -1, -1, -1), values[:, :, window].expand(n, -1, -1, -1)
+    else:
+        tail_k, tail_v = tails(keys, region_k), tails(values, region_v)
+    out, lse = _flash(q, tail_k, tail_v, 0.0, False, attn_mask=step.tail_mask,
                       scale=scaling)  # [n, H_kv, groups, d], [n, H_kv, groups]
     mode = head_mode(q.dtype, q.shape[2], d)
     for end, rows, entries in step.heads:
@@ -262,10 +276,11 @@ def _split_attention(tree_kv: TreeKV, layer: int, query: torch.Tensor, scaling: 
             head_k, head_v = keys[:, :, :end], values[:, :, :end]  # [1, H_kv, end, d], views of the prefix
         head_out, head_lse = _head_attention(q if rows is None else q[rows], head_k, head_v, scaling, mode)
         tail_out, tail_lse = (out, lse) if rows is None else (out[rows], lse[rows])
-        top = torch.maximum(head_lse, tail_lse)  # torch.exp is the same in every lane here; torch.sigmoid is not
-        w_head, w_tail = torch.exp(head_lse - top), torch.exp(tail_lse - top)
-        share = (w_head / (w_head + w_tail))[..., None]  # the head's weight e^lse_h / (e^lse_h + e^lse_t)
-        merged = tail_out.float() + (head_out.float() - tail_out.float()) * share  # [count, H_kv, groups, d]
+        # The head's weight e^lse_h / (e^lse_h + e^lse_t) = 1 / (1 + e^(lse_t - lse_h)); torch.exp and division
+        # give every element the same bits whatever its place in the tensor (torch.sigmoid does not).
+        share = torch.exp(tail_lse - head_lse).add_(1).reciprocal_()[..., None]  # [count, H_kv, groups, 1]
+        tail_out = tail_out.float()
+        merged = torch.addcmul(tail_out, head_out.float() - tail_out, share)  # [count, H_kv, groups, d]
         out = merged.to(out.dtype) if rows is None else out.index_copy(0, rows, merged.to(out.dtype))
     return out.reshape(n, heads, d)[None]  # [1, n, H, d]
 
