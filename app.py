@@ -305,7 +305,7 @@ def wire_live(engine: Engine, live: dict, session: gr.State, outputs: list, limi
 
     async def complete(prompt: str, method: str = "mamba-ucb", temperature: float = 0.0, max_new_tokens: int = 96,
                        seed: int = 0, tree: str | None = None, arms: str | None = None, lambda_ucb: float = LAMBDA_UCB,
-                       reward: str = "paper", lookup: bool = True) -> dict:
+                       reward: str = "throughput", lookup: bool = True) -> dict:
         """Decode `prompt` to the end and return the answer as JSON: text, token ids and the run's figures."""
         settings = settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup,
                                limits)

@@ -74,7 +74,11 @@ def bandit_step(r: RoundRecord) -> str:
             f"{reward}counting this round it has used that shape {_n(arm.pulls)} times, with a mean reward of "
             f"<b>{mean}</b>. Its UCB value is now <b>{ucb}</b>: the mean reward plus a bonus for shapes tried less "
             f"often. Next round the bandit takes the shape with the highest UCB value. (Reward: "
-            f"{html.escape(b.reward_kind)}; more tokens per target pass scores higher.)")
+            f"{html.escape(b.reward_kind)}; {REWARD_MEANING.get(b.reward_kind, '')})")
+
+
+REWARD_MEANING = {"throughput": "a shape's tokens per second over all its rounds, 1 for the fastest so far",
+                  "paper": "more tokens per target pass scores higher"}
 
 
 def run_line(rounds: list[RoundRecord], summary: Summary | None) -> str:

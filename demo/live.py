@@ -100,8 +100,9 @@ def settings_panel() -> dict:
                                info="Tree shapes the bandit chooses from, separated by ';'.")
         c["lambda_ucb"] = gr.Slider(0.0, 1.0, value=LAMBDA_UCB, step=0.05, label="λ_UCB",
                                     info="Weight of exploration in the bandit's UCB score")
-        c["reward"] = gr.Radio([("paper: fewer target passes per token", "paper"),
-                                ("throughput: measured tokens/s", "throughput")], value="paper", label="Bandit reward")
+        c["reward"] = gr.Radio([("throughput: measured tokens/s", "throughput"),
+                                ("paper: fewer target passes per token", "paper")], value="throughput",
+                               label="Bandit reward")
     return c
 
 

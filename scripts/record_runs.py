@@ -27,7 +27,7 @@ from demo.replay import compact_payload  # noqa: E402
 from demo.session import Session, export_payload  # noqa: E402
 
 DEFAULTS = dict(method="mamba-ucb", temperature=0.0, max_new_tokens=96, seed=0, tree="", arms="", lambda_ucb=LAMBDA_UCB,
-                reward="paper", lookup=LOOKUP_DEFAULT)  # the page's defaults (demo.live.settings_panel)
+                reward="throughput", lookup=LOOKUP_DEFAULT)  # the page's defaults (demo.live.settings_panel)
 RUNS = {  # file name -> (title, prompt id, changes to the defaults)
     "code-greedy": ("Code: a Python function (greedy)", "code-02", {}),
     "summary-lookup": ("Summary with the lookup branch (greedy)", "summary-01", {}),

@@ -212,7 +212,7 @@ def _aggregate(runs: list[Run], ar_runs: list[Run] | None, greedy: bool, engine:
 
 def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_tokens: int, temperature: float = 0.0,
               repeats: int = 1, seed: int = 0, lookup_tokens: int = 10, bandit_scope: str = "session",
-              arms: str | None = None, reward: str = "paper", lambda_ucb: float | None = None, log=print) -> dict:
+              arms: str | None = None, reward: str = "throughput", lambda_ucb: float | None = None, log=print) -> dict:
     """Run every method on every prompt, interleaved prompt by prompt, after a warm-up.
 
     `bandit_scope` "session" keeps one bandit per `*-ucb` method across all prompts, as the app keeps one per

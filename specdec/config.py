@@ -49,7 +49,7 @@ METHODS: dict[str, Method] = {
 }
 
 LOOKUP_BRANCH = 6  # tokens of a prompt-lookup branch, when one is asked for without a length
-REWARDS = ("paper", "throughput")
+REWARDS = ("throughput", "paper")
 BANDIT_SCOPES = ("session", "prompt")  # one bandit for a whole session (or benchmark run), or one per prompt
 
 
@@ -64,7 +64,7 @@ class GenerationConfig:
     seed: int = 0
     lambda_ucb: float = 0.3  # λ_UCB, weight of the exploration term (see DEFAULT_ARMS)
     lambda_gamma: float = 0.1  # λ_γ, depth penalty of the paper's reward
-    reward: str = "paper"  # "paper" or "throughput"
+    reward: str = "throughput"  # "throughput" (the round's measured cost counts) or "paper"
     lookup_branch: int = 0  # mamba-*/tf-*: graft up to this many tokens copied from the context onto each tree
     extra: dict = field(default_factory=dict)
 

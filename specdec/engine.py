@@ -198,7 +198,7 @@ def generate(models: Models, prompt: str, config: GenerationConfig, stop: thread
 
         snapshot: BanditSnapshot | None = None
         if bandit:
-            bandit.update(arm, bandit.reward(len(emitted_ids), tree.shape.depth, round_s))
+            bandit.observe(arm, len(emitted_ids), tree.shape.depth, round_s)
             snapshot = bandit.snapshot(arm)
         rounds += 1
         accepted_total += len(acc.path) - 1

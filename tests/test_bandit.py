@@ -15,7 +15,7 @@ def test_paper_reward():
 
 def test_tries_every_arm_first_then_converges_to_the_best():
     arms = parse_arms("1; 2; 3; 4")
-    bandit = UCBBandit(arms, lambda_ucb=0.5)
+    bandit = UCBBandit(arms, lambda_ucb=0.5, reward_kind="paper")
     rng = random.Random(0)
     means = [0.3, 0.5, 0.8, 0.45]
     first = []
@@ -37,21 +37,62 @@ def test_tries_every_arm_first_then_converges_to_the_best():
 @pytest.mark.parametrize("lambda_ucb, chosen", [(1.0, 1), (0.0, 0)])
 def test_exploration_picks_a_rarely_tried_arm(lambda_ucb, chosen):
     """Arm 0: mean 0.5 over 10 pulls; arm 1: 0.4 once. The bonus (2.19 vs 0.69 at λ = 1) outweighs the means."""
-    bandit = UCBBandit(parse_arms("1; 2"), lambda_ucb=lambda_ucb)
+    bandit = UCBBandit(parse_arms("1; 2"), lambda_ucb=lambda_ucb, reward_kind="paper")
     for _ in range(10):
         bandit.update(0, 0.5)
     bandit.update(1, 0.4)
     assert bandit.select() == chosen
 
 
-def test_throughput_reward_is_normalised():
+def test_throughput_is_each_arms_tokens_over_its_seconds_normalised_by_the_best():
     bandit = UCBBandit(parse_arms("1; 2"), reward_kind="throughput")
-    bandit.update(0, bandit.reward(n_accept=3, depth=1, seconds=0.1))  # 30 tok/s
-    bandit.update(1, bandit.reward(n_accept=6, depth=2, seconds=0.1))  # 60 tok/s
+    bandit.observe(0, n_accept=3, depth=1, seconds=0.1)  # 30 tok/s
+    bandit.observe(1, n_accept=6, depth=2, seconds=0.1)  # 60 tok/s
     assert bandit.means() == [0.5, 1.0]
     assert bandit.select() == 1 and bandit.snapshot(1).last_reward == 1.0  # equal pulls: the higher mean wins
-    bandit.update(0, bandit.reward(n_accept=12, depth=1, seconds=0.1))  # 120 tok/s: the new scale
-    assert bandit.means() == [(30 + 120) / 2 / 120, 60 / 120]
+    bandit.observe(0, n_accept=12, depth=1, seconds=0.1)  # arm 0: 15 tokens in 0.2 s, 75 tok/s, the new best
+    assert bandit.means() == [1.0, 60 / 75]
+    assert bandit.snapshot(0).last_reward == 120 / 75  # the round itself, on the same scale
+    with pytest.raises(ValueError, match="observe"):
+        bandit.update(0, 1.0)
+
+
+def _stand_in_round(shape, pays: bool, rng: random.Random) -> tuple[int, float]:
+    """One round of a stand-in engine: (tokens emitted, seconds). A target step takes 50 ms; verifying a tree
+    costs more per node and drafting costs per level, in steps; each level's guess is kept with a fixed
+    probability. Drafting that does not pay is priced as float32 on an AVX2 CPU was before packing (a 5-node tree
+    verified in 1.8 steps, drafting a quarter of a step)."""
+    keep, per_node, per_level = (0.8, 0.02, 0.01) if pays else (0.4, 0.16, 0.08)
+    depth = 0
+    while depth < shape.depth and rng.random() < keep:
+        depth += 1
+    seconds = 0.05 * (1 + per_node * shape.num_drafted + per_level * shape.depth)
+    return depth + 1, seconds * rng.uniform(0.9, 1.1)  # the machine's timing noise
+
+
+@pytest.mark.parametrize("pays", [False, True])
+def test_the_default_bandit_never_loses_to_the_target_alone(pays):
+    """With the defaults (`mamba-ucb`: arms 0; 3; 2,1,1; 2,1,1,1, the throughput reward), a stand-in engine whose
+    drafting never pays leaves the bandit on arm 0 (a plain target step) after a few rounds, and one whose drafting
+    always pays keeps it off arm 0; the paper's reward, blind to what a round costs, drafts where it loses."""
+    def run(config: GenerationConfig) -> tuple[UCBBandit, list[int]]:
+        rng, bandit, chosen = random.Random(1), UCBBandit.for_config(config), []
+        for _ in range(300):
+            arm = bandit.select()
+            emitted, seconds = _stand_in_round(bandit.arms[arm], pays, rng)
+            bandit.observe(arm, emitted, bandit.arms[arm].depth, seconds)
+            chosen.append(arm)
+        return bandit, chosen
+
+    bandit, chosen = run(GenerationConfig(method="mamba-ucb"))
+    assert bandit.reward_kind == "throughput" and bandit.arms[0].depth == 0
+    later = chosen[30:]  # after the first few rounds
+    if pays:
+        assert later.count(0) < 0.1 * len(later)
+    else:
+        assert later.count(0) > 0.85 * len(later)
+        _, paper = run(GenerationConfig(method="mamba-ucb", reward="paper"))
+        assert paper[30:].count(0) < 0.5 * len(later)  # the control: it keeps drafting at a loss
 
 
 def test_the_default_exploration_recovers_from_an_unlucky_first_pull():
@@ -60,7 +101,7 @@ def test_the_default_exploration_recovers_from_an_unlucky_first_pull():
     find the better arm and keep it most of the time; at λ_UCB = 0.1 it stays on arm 0 (as a session-wide bandit
     did for a whole 12-prompt benchmark run)."""
     rng = random.Random(0)
-    config = GenerationConfig(method="mamba-ucb", arms="0; 3")
+    config = GenerationConfig(method="mamba-ucb", arms="0; 3", reward="paper")
     for lambda_ucb, wins in ((config.lambda_ucb, True), (1.0, True), (0.1, False)):  # 600 rounds: 488, 413, 2
         bandit = UCBBandit(config.shapes(), lambda_ucb, config.reward, config.lambda_gamma)
         first = True
@@ -73,5 +114,5 @@ def test_the_default_exploration_recovers_from_an_unlucky_first_pull():
                 emitted, first = 1, False  # the unlucky first round: every drafted token rejected
             else:
                 emitted = 1 + next((i for i in range(depth) if rng.random() >= 0.5), depth)
-            bandit.update(arm, bandit.reward(emitted, depth, 0.05))
+            bandit.observe(arm, emitted, depth, 0.05)
         assert (bandit.pulls[1] > 400) == wins, (lambda_ucb, bandit.pulls)
