@@ -3,10 +3,12 @@
     k* = argmax_k  value_k + λ_UCB * sqrt(2 ln t / n_k)
 
 Rewards (`value_k` is the arm's mean reward):
-    throughput  (the default) the arm's measured tokens per second: all tokens its rounds emitted over all the
+    throughput  (the default) the arm's measured tokens per second: the tokens its rounds emitted over the
                 seconds they took, divided by the best arm's, so values lie in (0, 1] and the best arm scores 1.
                 It counts what a round really costs (drafting, a verification pass that grows with the tree,
-                the commit), so where drafting does not pay the plain target step (arm "0") wins.
+                the commit), so where drafting does not pay the plain target step (arm "0") wins. Every round
+                weighs past rounds by DISCOUNT (discounted UCB): a bandit that lives over many prompts follows
+                the prompt at hand, so one whose text the drafter cannot guess falls back to arm "0".
     paper       the paper's r = -(1/N_accept + λ_γ * γ(T) / N_accept), N_accept = tokens emitted in the round:
                 fewer target calls per token, blind to what a pass over a larger tree costs.
 """
@@ -17,6 +19,8 @@ import math
 
 from specdec.records import ArmStat, BanditSnapshot
 from specdec.tree import TreeShape
+
+DISCOUNT = 0.97  # throughput: the weight of a round one round older (a memory of about 1 / (1 - 0.97) rounds)
 
 
 def paper_reward(n_accept: int, depth: int, lambda_gamma: float) -> float:
@@ -36,6 +40,7 @@ class UCBBandit:
         self.pulls = [0] * len(arms)
         self.reward_sums = [0.0] * len(arms)  # paper: the rewards; throughput: the tokens emitted
         self.seconds = [0.0] * len(arms)  # throughput: the seconds the arm's rounds took
+        self.weights = [0.0] * len(arms)  # throughput: the arm's rounds, each discounted by its age
         self.last: tuple[int, float] | None = None  # (arm, the last round's raw reward: paper's r, or tokens/s)
 
     @classmethod
@@ -51,6 +56,10 @@ class UCBBandit:
     @property
     def t(self) -> int:
         return sum(self.pulls)
+
+    def _counts(self) -> list[float]:
+        """The rounds the exploration bonus counts: all pulls (paper), or their discounted weights (throughput)."""
+        return self.weights if self.reward_kind == "throughput" else self.pulls
 
     def _rates(self) -> list[float | None]:
         """throughput: each arm's tokens per second over all its rounds."""
@@ -73,8 +82,9 @@ class UCBBandit:
     def ucb_values(self) -> list[float | None]:
         if 0 in self.pulls:
             return [None] * len(self.arms)
-        log_t = math.log(self.t)
-        return [m + self.lambda_ucb * math.sqrt(2 * log_t / n) for m, n in zip(self.means(), self.pulls)]
+        counts = self._counts()
+        log_t = math.log(max(sum(counts), 1.0))
+        return [m + self.lambda_ucb * math.sqrt(2 * log_t / n) for m, n in zip(self.means(), counts)]
 
     def select(self) -> int:
         """Untried arms first, in order; then the highest UCB value (ties to the lower index)."""
@@ -88,7 +98,12 @@ class UCBBandit:
         if self.reward_kind == "paper":
             self.update(arm, paper_reward(n_accept, depth, self.lambda_gamma))
             return
+        for k in range(len(self.arms)):  # every arm's past fades by one round
+            self.reward_sums[k] *= DISCOUNT
+            self.seconds[k] *= DISCOUNT
+            self.weights[k] *= DISCOUNT
         self.pulls[arm] += 1
+        self.weights[arm] += 1.0
         self.reward_sums[arm] += n_accept
         self.seconds[arm] += seconds
         self.last = (arm, n_accept / max(seconds, 1e-9))

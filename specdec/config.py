@@ -24,12 +24,10 @@ class Method:
 
 MODEL_DRAFTERS = ("mamba", "mamba-feat", "transformer")  # drafter kinds that are trained models
 
-# Default shapes are sized for a CPU, where one verification pass over 4-9 tokens costs 1.6-2.4 target steps in
-# float32 and 1.1-1.4 in bf16 with the row-invariant verifier (`python -m specdec bench --cost-curve`); "0" is a plain
-# target step, for when drafting does not pay. The paper's reward spans about 1 (-1.3 for a round of depth 3 that
-# keeps nothing, -1 for arm 0, -0.3 for a full chain of 3), so λ_UCB = 0.3: at 0.1 a few unlucky first pulls of
-# the drafting arms locked a session-wide bandit on arm 0 for a whole 12-prompt benchmark (907 of 972 rounds, 1.03
-# tokens per round); at 0.3 it kept (2,1,1) (1.82 tokens per round), at 1.0 it explored more (1.77).
+# Default shapes are sized for a CPU, where a verification pass grows with the tree (`python -m specdec bench
+# --cost-curve 400,2000`, docs/benchmarks.md); "0" is a plain target step, for when drafting does not pay. Both
+# rewards span about 1, so λ_UCB = 0.3 (docs/method.md, "Choose the next tree shape"); the arms were chosen with
+# fixed-shape runs, e.g. `python -m specdec bench --methods "ar,mamba-tree:3,mamba-tree:2;1;1,mamba-tree:2;1;1;1"`.
 DEFAULT_ARMS = "0; 3; 2,1,1; 2,1,1,1"
 
 METHODS: dict[str, Method] = {
