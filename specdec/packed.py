@@ -81,6 +81,12 @@ class PackedLinear(nn.Linear):
         weight = self.weight  # an inference tensor keeps no version counter (nor may it change outside inference)
         return weight.data_ptr(), 0 if weight.is_inference() else weight._version, weight.dtype
 
+    def _stale(self) -> bool:
+        """Whether the weight changed since it was packed (replaced, moved, cast, or written in place)."""
+        weight, (ptr, version, dtype) = self.weight, self.packed_from
+        return weight.dtype != dtype or weight.data_ptr() != ptr or (not weight.is_inference() and
+                                                                      weight._version != version)
+
     def __getstate__(self) -> dict:  # copies and pickles carry the weight; the packed copy is rebuilt from it
         return {key: value for key, value in super().__getstate__().items() if key not in ("packed", "packed_from")}
 
@@ -92,7 +98,7 @@ class PackedLinear(nn.Linear):
         if x.device.type != "cpu" or x.dtype != self.weight.dtype or self.weight.dtype not in PACKED_DTYPES or \
                 (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
             return F.linear(x, self.weight, self.bias)
-        if self._weight_key() != self.packed_from:
+        if self._stale():
             self.repack()
         rows = x.numel() // self.in_features
         if 0 < rows < self.min_rows:  # [..., in] -> [min_rows, in], keep the first `rows` outputs
@@ -104,16 +110,32 @@ class PackedLinear(nn.Linear):
 def pack_linears(model: nn.Module, min_rows: int = 1) -> int:
     """Swap every CPU `nn.Linear` of `model` in a packable dtype for a `PackedLinear` (in place; idempotent).
 
-    Returns how many were swapped; 0 where packing is unavailable. The model's outputs change only by the
-    rounding of another kernel.
+    `min_rows` (the probe's answer for the dtype) pads lone rows only in layers whose shape needs it
+    (`shape_min_rows`): padding is a copy on every call. Returns how many were swapped; 0 where packing is
+    unavailable. The model's outputs change only by the rounding of another kernel.
     """
     swapped = 0
     for name, module in list(model.named_modules()):
-        if type(module) is nn.Linear and module.weight.dtype in PACKED_DTYPES and module.weight.device.type == "cpu" \
-                and packing_available(module.weight.dtype):
-            model.set_submodule(name, PackedLinear(module, min_rows))
+        weight = module.weight if type(module) is nn.Linear else None
+        if weight is not None and weight.dtype in PACKED_DTYPES and weight.device.type == "cpu" and \
+                packing_available(weight.dtype):
+            rows = 1 if min_rows == 1 else shape_min_rows(weight.dtype, *weight.shape, min_rows)
+            model.set_submodule(name, PackedLinear(module, rows))
             swapped += 1
     return swapped
+
+
+@cache
+def shape_min_rows(dtype: torch.dtype, out_features: int, in_features: int, min_rows: int) -> int:
+    """1 where a lone row of this weight shape already gets the bits of any larger block's row (tried once per
+    process on random numbers, up to `MAX_INVARIANT_ROWS` rows), else `min_rows`."""
+    g = torch.Generator().manual_seed(1)
+    linear = nn.Linear(in_features, out_features, bias=False, dtype=dtype).requires_grad_(False)
+    linear.weight.copy_(torch.randn(out_features, in_features, generator=g) * 0.05)
+    packed, x = PackedLinear(linear), torch.randn(MAX_INVARIANT_ROWS, in_features, generator=g).to(dtype)
+    single = torch.cat([packed(x[i: i + 1]) for i in range(MAX_INVARIANT_ROWS)])
+    invariant = all(torch.equal(packed(x[:n]), single[:n]) for n in range(2, MAX_INVARIANT_ROWS + 1))
+    return 1 if invariant else min_rows
 
 
 # The target's matmul shapes (SmolLM2-135M: width 576, MLP 1536) and an output-layer-sized one.
