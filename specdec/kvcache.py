@@ -286,53 +286,42 @@ def _split_attention(tree_kv: TreeKV, layer: int, query: torch.Tensor, scaling: 
 
 
 def _head_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float | None,
-                    mode: tuple[int, bool]) -> tuple[torch.Tensor, torch.Tensor]:
+                    stack: int) -> tuple[torch.Tensor, torch.Tensor]:
     """q [m, H_kv, groups, d] over the same keys k/v [1, H_kv, end, d] -> (out [m, H_kv, groups, d], lse [m, H_kv,
-    groups]). `mode` (`head_mode`): (rows a call stacks, whether a call is padded to that many); 0 rows: each row
-    its own batch element over the shared keys (a view), which reads the keys once per row."""
-    rows, padded = mode
+    groups]). `stack` (`head_mode`): the rows whose queries one call stacks along its query axis, reading the keys
+    once for them all; 0: each row its own batch element over the shared keys (a view), reading them once a row."""
     m, kv_heads, groups, d = q.shape
-    if not rows:
+    if not stack:
         return _flash(q, k.expand(m, -1, -1, -1), v.expand(m, -1, -1, -1), 0.0, False, scale=scaling)
     outs, lses = [], []
-    for i in range(0, m, rows):
-        chunk = q[i: i + rows]
-        count = chunk.shape[0]
-        if padded and count < rows:
-            chunk = torch.cat([chunk, chunk.new_zeros(rows - count, kv_heads, groups, d)])
-        stacked = chunk.transpose(0, 1).reshape(1, kv_heads, -1, d)  # the chunk's queries along one axis
-        out, lse = _flash(stacked, k, v, 0.0, False, scale=scaling)  # [1, H_kv, rows * groups, d], [1, H_kv, ...]
-        outs.append(out[0].view(kv_heads, -1, groups, d)[:, :count].transpose(0, 1))
-        lses.append(lse[0].view(kv_heads, -1, groups)[:, :count].transpose(0, 1))
+    for i in range(0, m, stack):
+        chunk = q[i: i + stack]  # [c, H_kv, groups, d]
+        out, lse = _flash(chunk.transpose(0, 1).reshape(1, kv_heads, -1, d), k, v, 0.0, False,
+                          scale=scaling)  # [1, H_kv, c * groups, d], [1, H_kv, c * groups]
+        outs.append(out[0].view(kv_heads, -1, groups, d).transpose(0, 1))
+        lses.append(lse[0].view(kv_heads, -1, groups).transpose(0, 1))
     return (outs[0], lses[0]) if len(outs) == 1 else (torch.cat(outs), torch.cat(lses))
 
 
 @cache
-def head_mode(dtype: torch.dtype, groups: int, d: int) -> tuple[int, bool]:
-    """How the split layout attends a head shared by several rows on this CPU: the cheapest way that is row-
-    invariant. First choice, every row's queries stacked along one axis, up to 32 queries a call (the CPU kernel's
-    query block), which reads the keys once for them all; then the same with every call padded to 8 rows, so a
-    decode step runs the very shape a tree does; else each row its own batch element over the shared keys (the
-    kernel computes every batch element alike). Probed once per process on random tensors, as
-    `specdec.packed.probe_min_rows` probes the linears."""
+def head_mode(dtype: torch.dtype, groups: int, d: int) -> int:
+    """How the split layout attends a head shared by several rows on this CPU, the cheaper way that is row-
+    invariant: every row's queries stacked along one axis, up to 32 queries a call (the CPU kernel's query block),
+    where the kernel gives a row the same bits whatever the other rows of the call (AVX-512); else each row its
+    own batch element over the shared keys (0), which the kernel computes alike whatever the batch. Probed once per
+    process on random tensors, as `specdec.packed.probe_min_rows` probes the linears."""
     g = torch.Generator().manual_seed(0)
     most = max(1, 32 // groups)
-    cases = []
     for keys in (100, 700):
         k, v = (torch.randn(1, 3, keys, d, generator=g).to(dtype) for _ in range(2))
-        cases.append((torch.randn(most, 3, groups, d, generator=g).to(dtype), k, v))
-
-    def invariant(mode: tuple[int, bool]) -> bool:
-        for q, k, v in cases:
-            alone = [_head_attention(q[i: i + 1], k, v, None, mode) for i in range(most)]
-            for n in range(2, most + 1):
-                out, lse = _head_attention(q[:n], k, v, None, mode)
-                if any(not torch.equal(out[i], alone[i][0][0]) or not torch.equal(lse[i], alone[i][1][0])
-                       for i in range(n)):
-                    return False
-        return True
-
-    return next((mode for mode in ((most, False), (min(8, most), True)) if invariant(mode)), (0, False))
+        q = torch.randn(most, 3, groups, d, generator=g).to(dtype)
+        alone = [_head_attention(q[i: i + 1], k, v, None, most) for i in range(most)]
+        for n in range(2, most + 1):
+            out, lse = _head_attention(q[:n], k, v, None, most)
+            if any(not torch.equal(out[i], alone[i][0][0]) or not torch.equal(lse[i], alone[i][1][0])
+                   for i in range(n)):
+                return 0
+    return most
 
 
 AttentionInterface.register(ATTENTION, tree_attention)

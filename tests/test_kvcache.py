@@ -92,3 +92,31 @@ def test_sliding_window_targets_are_refused():
         TreeLM(MistralForCausalLM(config))
 
 
+
+
+def test_the_head_probe_stacks_rows_only_where_the_kernel_keeps_their_bits(monkeypatch):
+    """`head_mode` stacks the rows of a shared head in one call where this CPU's kernel gives each row the bits it
+    gets alone; against a stand-in kernel whose rows change with the number of queries it falls back to one batch
+    element a row (0), and the split layout's head then equals a call per row bitwise."""
+    from specdec import kvcache
+
+    real = kvcache._flash
+
+    def count_dependent(q, k, v, *args, **kwargs):
+        out, lse = real(q, k, v, *args, **kwargs)
+        return out * (1 + 1e-3 * q.shape[2]), lse
+
+    kvcache.head_mode.cache_clear()
+    monkeypatch.setattr(kvcache, "_flash", count_dependent)
+    assert kvcache.head_mode(torch.float32, 3, 8) == 0
+    q, k = torch.randn(4, 3, 3, 8), torch.randn(1, 3, 20, 8)
+    batched = kvcache._head_attention(q, k, k, None, 0)[0]
+    assert all(torch.equal(batched[i], kvcache._head_attention(q[i: i + 1], k, k, None, 0)[0][0]) for i in range(4))
+    monkeypatch.undo()
+    kvcache.head_mode.cache_clear()
+    stack = kvcache.head_mode(torch.float32, 3, 8)
+    assert stack in (0, 10)  # this CPU's own answer: stacking 10 rows (30 queries), or none
+    if stack:
+        stacked = kvcache._head_attention(q, k, k, None, stack)[0]
+        assert all(torch.equal(stacked[i], kvcache._head_attention(q[i: i + 1], k, k, None, stack)[0][0])
+                   for i in range(4))
