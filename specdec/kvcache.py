@@ -11,16 +11,16 @@ in one of two layouts:
 - **split** (the row-invariant layout, the default on CPU): a row at absolute position p attends its keys in two
   parts cut at a boundary that depends on p alone, `head_end(p)`, a multiple of `SPLIT_BLOCK` at least
   `SPLIT_MARGIN` positions back. The head `[0, head_end(p))` lies inside the committed prefix for every row up to
-  `SPLIT_MARGIN` deep, so the rows of a pass that share a head attend it in one kernel call, each row its own batch
-  element over the same keys (a view, nothing copied); the tail `[head_end(p), p]` (the rest of the prefix, the
-  ancestors, itself) is gathered per row into `TAIL` slots, padded and masked at the end, and all rows attend
+  `SPLIT_MARGIN` deep, so the rows of a pass that share a head attend it in one kernel call over a view of the
+  prefix, their queries stacked where the CPU's kernel keeps each row's bits so, else each row its own batch
+  element (`head_mode`); the tail `[head_end(p), p]` (the rest of the prefix, the ancestors, itself) is a view of
+  the buffer for a chain and gathered per row for a tree, `TAIL` slots masked after the row, and all rows attend
   their tails in a second call. The two parts are merged by their log-sum-exp, elementwise. A decode step at p
   cuts its keys at the same place and runs the same calls with the same shapes on the same numbers (the CPU kernel
   computes every batch element alike, whatever the batch), so a tree row and the decode step that reaches its
   position get the same bits. With the projections and the output layer row-invariant too (packed linears,
   float32 or bfloat16, up to `MAX_INVARIANT_ROWS` rows, where the CPU passes `specdec.packed.probe_min_rows`), a
-  tree's logits equal those of decoding each branch alone, bit for bit. The committed prefix is read once per row
-  and layer, from cache, with no per-row call.
+  tree's logits equal those of decoding each branch alone, bit for bit, with no kernel call per row.
 - **block**: the whole region at once, one kernel call with a tree attention mask (CUDA, where cuBLAS is not
   row-invariant anyway, the Transformer drafter, and the prompt's prefill, which every method runs the same way).
 
