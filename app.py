@@ -38,6 +38,7 @@ from demo.tokens_html import conversation_html
 from demo.tree_svg import tree_html
 from demo.views import main_views, round_views
 from specdec.records import Summary
+from specdec.registry import KINDS
 
 ROOT = Path(__file__).resolve().parent
 EXPORTS = Path(tempfile.gettempdir()) / "specdec-exports"
@@ -56,15 +57,16 @@ class Engine:
     # `memory` is a dict that lives as long as the browser session: the bandit keeps learning there across runs
 
 
-def real_engine(target: str, drafter: str, tf_drafter: str, device: str, dtype: str,
-                drafter_dtype: str = "auto", feat_drafter: str = "mamba-feat-smollm2") -> Engine:
-    """`specdec` behind the `Engine` calls; imported on first use so the page comes up at once."""
+def real_engine(target: str, drafters: dict[str, str], device: str, dtype: str,
+                drafter_dtype: str = "auto") -> Engine:
+    """`specdec` behind the `Engine` calls (`drafters`: model spec by drafter kind); imported on first use so the
+    page comes up at once."""
 
     @functools.cache
     def models():
         from specdec.models import Models
 
-        return Models(target, drafter, tf_drafter, device, dtype, drafter_dtype, feat_drafter)
+        return Models(target, drafters, device, dtype, drafter_dtype)
 
     def make_config(**settings):
         from specdec.config import GenerationConfig
@@ -408,12 +410,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=int(env("SPECDEC_PORT", "7860")), help="port [SPECDEC_PORT]")
     p.add_argument("--target", default=env("SPECDEC_TARGET", "smollm2-135m-instruct"),
                    help="target model: preset, folder, .gguf or hub id [SPECDEC_TARGET]")
-    p.add_argument("--drafter", default=env("SPECDEC_DRAFTER", "mamba-smollm2"),
-                   help="Mamba drafter [SPECDEC_DRAFTER]")
-    p.add_argument("--tf-drafter", default=env("SPECDEC_TF_DRAFTER", "tf-smollm2"),
-                   help="Transformer drafter [SPECDEC_TF_DRAFTER]")
-    p.add_argument("--feat-drafter", default=env("SPECDEC_FEAT_DRAFTER", "mamba-feat-smollm2"),
-                   help="Mamba drafter reading the target's hidden state [SPECDEC_FEAT_DRAFTER]")
+    for kind in KINDS.values():
+        if kind.flag:
+            p.add_argument(kind.flag, *kind.aliases, dest=kind.option, default=env(kind.env, kind.model),
+                           help=f"{kind.summary} [{kind.env}]")
     p.add_argument("--device", default=env("SPECDEC_DEVICE", "auto"), help="auto, cpu, cuda or mps [SPECDEC_DEVICE]")
     p.add_argument("--dtype", default=env("SPECDEC_DTYPE", "auto"),
                    help="target dtype: auto, float32, bfloat16 or float16 [SPECDEC_DTYPE]")
@@ -436,8 +436,13 @@ def hub_models(args: argparse.Namespace) -> list[str]:
     """The models asked for that are neither presets nor local files: they would be fetched from the hub."""
     from specdec.models import PRESETS
 
-    specs = (args.target, args.drafter, args.tf_drafter, args.feat_drafter)
+    specs = (args.target, *drafter_specs(args).values())
     return [s for s in specs if s not in PRESETS and not Path(s).expanduser().exists()]
+
+
+def drafter_specs(args: argparse.Namespace) -> dict[str, str]:
+    """The drafter models asked for, by kind."""
+    return {kind.name: getattr(args, kind.option) for kind in KINDS.values() if kind.flag}
 
 
 def warm_up(engine: Engine) -> None:
@@ -458,8 +463,8 @@ def main(argv: list[str] | None = None) -> None:
     if not why and hub_models(args) and os.environ.get("SPECDEC_ALLOW_HUB_MODELS", "") != "1":
         raise SystemExit(f"Refusing to serve hub models {', '.join(hub_models(args))}: set "
                          "SPECDEC_ALLOW_HUB_MODELS=1 to allow model ids that are not presets or local files.")
-    engine = None if why else real_engine(args.target, args.drafter, args.tf_drafter, args.device, args.dtype,
-                                          args.drafter_dtype, args.feat_drafter)
+    engine = None if why else real_engine(args.target, drafter_specs(args), args.device, args.dtype,
+                                          args.drafter_dtype)
     notice = f"Replay-only mode ({why}): no model is loaded here; pick a recorded run or load an exported one." \
         if why else ""
     print(f"Serving on http://{args.host}:{args.port} " + (f"in replay-only mode ({why})" if why else

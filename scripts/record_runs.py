@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     prompts = {item["id"]: item["prompt"] for items in load_prompts(ROOT / "assets" / "prompts").values()
                for item in items}
-    engine = app.real_engine("smollm2-135m-instruct", "mamba-smollm2", "tf-smollm2", args.device, "auto", "auto")
+    engine = app.real_engine("smollm2-135m-instruct", {}, args.device, "auto", "auto")
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.only or RUNS:
         title, prompt_id, changes = RUNS[name]

@@ -134,7 +134,7 @@ class Run:
 def run_engine(models: Models, prompt: str, config: GenerationConfig, bandit=None) -> Run:
     with PeakRSS() as rss:
         t0 = time.perf_counter()
-        events = list(generate(models, prompt, config, bandit=bandit))
+        events = list(generate(models, prompt, config, bandit=bandit, details=False))
         seconds = time.perf_counter() - t0
     rounds: list[RoundRecord] = events[:-1]
     summary: Summary = events[-1]

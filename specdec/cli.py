@@ -9,7 +9,8 @@ import os
 import sys
 
 from specdec.config import BANDIT_SCOPES, DEFAULT_ARMS, METHODS, REWARDS, GenerationConfig
-from specdec.models import DEFAULT_MAMBA, DEFAULT_MAMBA_FEAT, DEFAULT_TARGET, DEFAULT_TF, ModelLoadError, Models
+from specdec.models import DEFAULT_TARGET, ModelLoadError, Models
+from specdec.registry import KINDS, MODEL_KINDS
 from specdec.records import RoundRecord, Summary
 
 DTYPE_HELP = ("target dtype: auto (bfloat16 on CUDA, and on a CPU with native bf16 whose bf16 matmuls are "
@@ -56,12 +57,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                               lambda_ucb=args.lambda_ucb, lambda_gamma=args.lambda_gamma, reward=args.reward,
                               lookup_branch=args.lookup_branch)
     config.validate()  # fail on bad settings before any model loads
-    drafters = {"mamba": DEFAULT_MAMBA, "transformer": DEFAULT_TF, "mamba-feat": DEFAULT_MAMBA_FEAT}
-    if args.drafter and config.spec.drafter in drafters:  # --drafter replaces the method's own kind
-        drafters[config.spec.drafter] = args.drafter
-    models = Models(target=args.target, mamba_drafter=drafters["mamba"], tf_drafter=drafters["transformer"],
-                    feat_drafter=drafters["mamba-feat"], device=args.device, dtype=args.dtype,
-                    drafter_dtype=args.drafter_dtype)
+    drafters = {config.spec.drafter: args.drafter} if args.drafter and config.spec.has_model else {}
+    models = Models(args.target, drafters, device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype)
     summary: Summary | None = None
     for event in generate(models, args.prompt, config, chat=not args.no_chat):
         if isinstance(event, RoundRecord):
@@ -112,9 +109,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--csv", default=None)
     b.add_argument("--plot", default="context.html", help="where the context-length plot is written")
     b.add_argument("--target", default=DEFAULT_TARGET)
-    b.add_argument("--mamba-drafter", default=DEFAULT_MAMBA)
-    b.add_argument("--tf-drafter", default=DEFAULT_TF)
-    b.add_argument("--feat-drafter", default=DEFAULT_MAMBA_FEAT, help="drafter of the mamba-feat-* methods")
+    for kind in KINDS.values():
+        if kind.flag:
+            b.add_argument(kind.flag, default=kind.model, help=f"drafter of the {kind.prefix}-* methods")
     b.add_argument("--device", default="auto")
     b.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     b.add_argument("--drafter-dtype", default="auto", help=DRAFTER_DTYPE_HELP)
@@ -125,9 +122,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     from specdec import bench
 
-    models = Models(target=args.target, mamba_drafter=args.mamba_drafter, tf_drafter=args.tf_drafter,
-                    device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
-                    feat_drafter=args.feat_drafter)
+    models = Models(args.target, {name: getattr(args, KINDS[name].option) for name in MODEL_KINDS},
+                    device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype)
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     result: dict = {}
     if args.context_lengths:

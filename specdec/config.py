@@ -1,9 +1,13 @@
-"""Generation settings and the named methods (drafter + tree policy) the CLI, app and benchmark offer."""
+"""Generation settings and the named methods (drafter kind + tree policy) the CLI, app and benchmark offer.
+
+Importable without torch: the app's page reads its defaults from here.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from specdec.registry import KINDS, POLICY_TEXT
 from specdec.tree import MAX_DEPTH, TreeShape, parse_arms, parse_shape
 
 MAX_NEW_TOKENS = 4096
@@ -11,40 +15,36 @@ MAX_NEW_TOKENS = 4096
 
 @dataclass(frozen=True)
 class Method:
-    drafter: str  # "mamba" | "mamba-feat" | "transformer" | "lookup" | "none"
+    drafter: str  # a kind of `specdec.registry.KINDS`
     policy: str  # "none" | "chain" | "tree" | "ucb"
     default_tree: str | None
     description: str
 
     @property
     def has_model(self) -> bool:
-        """Whether the drafter is a trained model (Mamba or Transformer), not prompt lookup or nothing."""
-        return self.drafter in MODEL_DRAFTERS
+        """Whether the drafter is a trained model, not prompt lookup or nothing."""
+        return KINDS[self.drafter].has_model
 
-
-MODEL_DRAFTERS = ("mamba", "mamba-feat", "transformer")  # drafter kinds that are trained models
 
 # Default shapes are sized for a CPU, where a verification pass grows with the tree (`python -m specdec bench
 # --cost-curve 400,2000`, docs/benchmarks.md); "0" is a plain target step, for when drafting does not pay. Both
 # rewards span about 1, so λ_UCB = 0.3 (docs/method.md, "Choose the next tree shape"); the arms were chosen with
 # fixed-shape runs, e.g. `python -m specdec bench --methods "ar,mamba-tree:3,mamba-tree:2;1;1,mamba-tree:2;1;1;1"`.
 DEFAULT_ARMS = "0; 3; 2,1,1; 2,1,1,1"
+DEFAULT_TREES = {"chain": "4", "tree": "2,1,1", "ucb": None, "none": None}
 
-METHODS: dict[str, Method] = {
-    "ar": Method("none", "none", None, "target only: plain autoregressive decoding with the KV cache"),
-    "mamba-chain": Method("mamba", "chain", "4", "Mamba drafter, a single chain of draft tokens"),
-    "mamba-tree": Method("mamba", "tree", "2,1,1", "Mamba drafter, a fixed tree shape"),
-    "mamba-ucb": Method("mamba", "ucb", None, "Mamba drafter, tree shape chosen each round by a UCB bandit"),
-    "mamba-feat-chain": Method("mamba-feat", "chain", "4",
-                               "Mamba drafter reading the target's hidden state, a single chain"),
-    "mamba-feat-tree": Method("mamba-feat", "tree", "2,1,1",
-                              "Mamba drafter reading the target's hidden state, a fixed tree shape"),
-    "mamba-feat-ucb": Method("mamba-feat", "ucb", None,
-                             "Mamba drafter reading the target's hidden state, tree shape chosen by a UCB bandit"),
-    "tf-chain": Method("transformer", "chain", "4", "small Transformer drafter, a single chain"),
-    "tf-tree": Method("transformer", "tree", "2,1,1", "small Transformer drafter, a fixed tree shape"),
-    "lookup-chain": Method("lookup", "chain", "4", "prompt lookup: copy what followed the last n-gram match"),
-}
+
+def _methods() -> dict[str, Method]:
+    methods = {}
+    for kind in sorted(KINDS.values(), key=lambda k: bool(k.policies)):  # "ar" first
+        for name, policy in kind.methods.items():
+            text = kind.summary if policy == "none" or len(kind.methods) == 1 else \
+                f"{kind.summary}, {POLICY_TEXT[policy]}"
+            methods[name] = Method(kind.name, policy, DEFAULT_TREES[policy], text)
+    return methods
+
+
+METHODS: dict[str, Method] = _methods()
 
 LOOKUP_BRANCH = 6  # tokens of a prompt-lookup branch, when one is asked for without a length
 REWARDS = ("throughput", "paper")
@@ -64,7 +64,6 @@ class GenerationConfig:
     lambda_gamma: float = 0.1  # λ_γ, depth penalty of the paper's reward
     reward: str = "throughput"  # "throughput" (the round's measured cost counts) or "paper"
     lookup_branch: int = 0  # mamba-*/tf-*: graft up to this many tokens copied from the context onto each tree
-    extra: dict = field(default_factory=dict)
 
     @property
     def spec(self) -> Method:
@@ -90,7 +89,7 @@ class GenerationConfig:
         if self.reward not in REWARDS:
             raise ValueError(f"reward must be one of {', '.join(REWARDS)}, got {self.reward!r}")
         arms = self.shapes()
-        if self.spec.drafter == "lookup" and any(not a.is_chain for a in arms):
+        if self.spec.drafter == "lookup" and any(not a.is_chain for a in arms):  # a point mass has no siblings
             raise ValueError("prompt lookup drafts one deterministic chain; give a chain length such as '4'")
         return self
 

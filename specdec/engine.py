@@ -1,6 +1,8 @@
 """The speculative decoding loop: draft a tree, verify it in one target pass, accept, catch up, repeat.
 
-`generate` yields one `RoundRecord` per round and then a `Summary`; it knows nothing of its consumers.
+`generate` yields one `RoundRecord` per round and then a `Summary`; it knows nothing of its consumers. It reads
+as a ladder: `_setup` (settings against the models), `_prefill`, then per round `_round` (the timed work) and
+`_record` (what the display needs), and last `_summary`.
 The target's KV cache holds every emitted token except the last one, `x`, which is the root of the next
 tree: a round feeds `[x] + tree` to the target with a tree attention mask, so `p` is known at every node.
 """
@@ -10,21 +12,20 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import psutil
 import torch
 
+from specdec import registry
 from specdec.bandit import UCBBandit
 from specdec.config import GenerationConfig
-from specdec.drafters import (Drafter, LookupBranch, LookupDrafter, MambaDrafter, MambaFeatDrafter, NoDrafter, Sampler,
-                              TransformerDrafter)
-from specdec.drafters.base import DraftTree
+from specdec.drafters import Drafter, DraftTree, LookupBranch, Sampler
 from specdec.kvcache import TreeLM
-from specdec.models import Models
-from specdec.records import BanditSnapshot, EmittedToken, RoundRecord, Summary, TreeNode
+from specdec.models import LoadedModel, Models
+from specdec.records import EmittedToken, RoundRecord, Summary, TreeNode
 from specdec.sampling import Acceptance, accept_greedy, accept_sampling, logits_to_probs
 from specdec.tree import TreeShape
-from specdec.vocab import load_draft_vocab
 
 
 def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
@@ -39,17 +40,10 @@ def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
 
 
 def make_drafter(models: Models, kind: str) -> Drafter:
-    vocab_size = models.target.vocab_size
-    if kind == "none":
-        return NoDrafter()
-    if kind == "lookup":
-        return LookupDrafter()
-    loaded = models.drafter(kind)
-    if kind == "mamba":
-        return MambaDrafter.from_folder(loaded.model, vocab_size, loaded.source)
-    if kind == "mamba-feat":
-        return MambaFeatDrafter(loaded.model, models.target.model, load_draft_vocab(loaded.source))
-    return TransformerDrafter.from_folder(loaded.model, vocab_size, loaded.source)
+    """A fresh drafter of `kind` (`specdec.registry.KINDS`) for one generation."""
+    spec = registry.kind(kind)
+    loaded = models.drafter(kind) if spec.has_model else None
+    return spec.implementation_class().build(loaded, models.target)
 
 
 def make_verifier(model) -> TreeLM:
@@ -84,21 +78,141 @@ def _memory(device: torch.device) -> tuple[int, int | None, int | None]:
     return rss, None, None
 
 
+@dataclass
+class _Generation:
+    """What one generation holds from its set-up to its summary."""
+
+    config: GenerationConfig
+    target: LoadedModel
+    prompt_ids: list[int]
+    shapes: list[TreeShape]
+    drafter: Drafter
+    drafter_label: str
+    verifier: TreeLM
+    bandit: UCBBandit | None
+    generator: torch.Generator
+    sampler: Sampler
+    detok: Detokenizer
+    eos_ids: set[int]
+    new_ids: list[int] = field(default_factory=list)
+    rounds: int = 0
+    accepted: int = 0
+    tested: int = 0
+    drafted: int = 0
+    seconds: float = 0.0  # the generation's own time since the first round (not the consumer's between rounds)
+    stop_reason: str = "max_new_tokens"
+
+
+@dataclass
+class _Round:
+    """One round's outcome, before it is dressed as a `RoundRecord` for display."""
+
+    arm: int
+    tree: DraftTree
+    acc: Acceptance
+    logits: torch.Tensor  # [n, V]
+    p: torch.Tensor | None  # [n, V] the target's distribution, when acceptance needed it (sampling)
+    emitted: list[EmittedToken]
+    draft_s: float
+    verify_s: float
+    round_s: float
+
+
+def _setup(models: Models, prompt: str, config: GenerationConfig, chat: bool,
+           bandit: UCBBandit | None) -> _Generation:
+    """Check the settings against the models, and make the drafter, verifier and bandit of one generation."""
+    config.validate()
+    target = models.target
+    prompt_ids = encode_prompt(target.tokenizer, prompt, chat)
+    shapes = config.shapes()
+    if max((w for s in shapes for w in s.widths), default=1) > target.vocab_size:
+        raise ValueError(f"a tree is wider than the vocabulary ({target.vocab_size} tokens)")
+    drafter = make_drafter(models, config.spec.drafter)
+    label = models.drafter(config.spec.drafter).name if config.spec.has_model else config.spec.drafter
+    if config.grafts_lookup:
+        drafter, label = LookupBranch(drafter, config.lookup_branch), f"{label}+lookup"
+    max_depth = max([s.depth for s in shapes] + [config.lookup_branch if config.grafts_lookup else 0])
+    limits = [getattr(target.model.config, "max_position_embeddings", None), drafter.max_context]
+    limit = min((x for x in limits if x), default=None)
+    if limit and len(prompt_ids) + config.max_new_tokens + max_depth + 1 > limit:
+        raise ValueError(f"the prompt has {len(prompt_ids)} tokens; with max_new_tokens={config.max_new_tokens} "
+                         f"it exceeds the context of {limit} tokens")
+    if config.spec.policy != "ucb":
+        bandit = None
+    elif bandit is None:
+        bandit = UCBBandit.for_config(config)
+    elif not bandit.matches(config):
+        raise ValueError("the bandit passed in was made for other arms or reward settings")
+    eos = target.model.generation_config.eos_token_id
+    generator = torch.Generator(device=target.device).manual_seed(config.seed)
+    return _Generation(config, target, prompt_ids, shapes, drafter, label, make_verifier(target.model), bandit,
+                       generator, Sampler(config.temperature, config.top_p, generator), Detokenizer(target.tokenizer),
+                       set(eos if isinstance(eos, list) else [eos] if eos is not None else []))
+
+
+def _prefill(g: _Generation) -> None:
+    """The prompt into the target's cache and the drafter's state; its last token is the first round's root."""
+    if len(g.prompt_ids) > 1:
+        g.verifier.prefill(g.prompt_ids[:-1])
+    g.drafter.start(g.prompt_ids, max(s.num_drafted for s in g.shapes), g.verifier.hidden)  # hidden: prompt[:-1]
+    _sync(g.target.device)
+
+
 def _accept(tree: DraftTree, logits: torch.Tensor, config: GenerationConfig, generator: torch.Generator,
-            p: torch.Tensor) -> Acceptance:
+            p: torch.Tensor | None) -> Acceptance:
     if config.greedy:
-        # `max` rather than `argmax`: the same first maximal index, at a quarter of the cost over a 49k vocabulary here
+        # `max` rather than `argmax`: the same first maximal index, at a quarter of the cost over a 49k vocabulary
         return accept_greedy(tree.tokens, tree.parents, logits.max(-1).indices.tolist())
     q = tree.q.to(p.device) if tree.q is not None else None
     return accept_sampling(tree.tokens, tree.parents, p, q, generator, tree.point)
 
 
-def _tree_nodes(tree: DraftTree, acc: Acceptance, p: torch.Tensor, tokenizer) -> list[TreeNode]:
+def _round(g: _Generation) -> _Round:
+    """Draft a tree, verify it in one target pass, accept, catch both models up, and credit the bandit."""
+    device, config = g.target.device, g.config
+    arm = g.bandit.select() if g.bandit else 0
+    t_round = time.perf_counter()
+    tree = g.drafter.draft(g.shapes[arm], g.sampler)
+    _sync(device)
+    t_draft = time.perf_counter()
+    logits = g.verifier.extend(tree.tokens, tree.parents)  # [n, V]: one pass over root + tree
+    p = None if config.greedy else logits_to_probs(logits, config.temperature, config.top_p)  # [n, V]
+    _sync(device)
+    t_verify = time.perf_counter()
+    acc = _accept(tree, logits, config, g.generator, p)
+    g.verifier.commit(acc.path)
+    g.drafter.commit(acc.path, acc.next_token, features=g.verifier.hidden[acc.path])  # root, then accepted nodes
+    _sync(device)
+
+    drafted_new = [tree.tokens[i] for i in acc.path[1:]]
+    emitted_ids = (drafted_new + [acc.next_token])[: config.max_new_tokens - len(g.new_ids)]
+    if g.eos_ids & set(emitted_ids):
+        emitted_ids = emitted_ids[: next(i for i, t in enumerate(emitted_ids) if t in g.eos_ids) + 1]
+        g.stop_reason = "eos"
+    source = "bonus" if acc.is_bonus else "correction"
+    emitted = [EmittedToken(t, g.detok.add(t), "draft" if i < len(drafted_new) else source)
+               for i, t in enumerate(emitted_ids)]
+    g.new_ids.extend(emitted_ids)
+    round_s = time.perf_counter() - t_round
+    if g.bandit:
+        g.bandit.observe(arm, len(emitted_ids), tree.shape.depth, round_s)
+    g.rounds += 1
+    g.accepted += len(acc.path) - 1
+    g.tested += acc.tested_depths
+    g.drafted += len(tree.tokens) - 1
+    return _Round(arm, tree, acc, logits, p, emitted, t_draft - t_round, t_verify - t_draft, round_s)
+
+
+def _tree_nodes(r: _Round, config: GenerationConfig, tokenizer) -> list[TreeNode]:
+    """The round's tree for display: each node's text, q and p, and whether it was accepted."""
+    tree, acc = r.tree, r.acc
     accepted, rejected = set(acc.path), set(acc.rejected)
     parents = tree.parents
-    rows = torch.tensor(parents[1:], dtype=torch.long, device=p.device)
-    cols = torch.tensor(tree.tokens[1:], dtype=torch.long, device=p.device)
-    p_tok = [1.0] + p[rows, cols].tolist()  # one gather: p of each node's token at its parent
+    rows = torch.tensor(parents[1:], dtype=torch.long, device=r.logits.device)
+    cols = torch.tensor(tree.tokens[1:], dtype=torch.long, device=r.logits.device)
+    p = r.p if r.p is not None else logits_to_probs(r.logits[rows], config.temperature, config.top_p)
+    p_rows = rows if r.p is not None else torch.arange(len(rows), device=rows.device)
+    p_tok = [1.0] + p[p_rows, cols].tolist()  # one gather: p of each node's token at its parent
     nodes = []
     for i, token in enumerate(tree.tokens):
         status = "root" if i == 0 else "accepted" if i in accepted else "rejected" if i in rejected else "not_reached"
@@ -108,123 +222,55 @@ def _tree_nodes(tree: DraftTree, acc: Acceptance, p: torch.Tensor, tokenizer) ->
     return nodes
 
 
+def _record(g: _Generation, r: _Round, details: bool) -> RoundRecord:
+    """The round as the UI sees it (display work: not part of the generation's timed work)."""
+    rss, cuda_alloc, cuda_peak = _memory(g.target.device)
+    tree = r.tree
+    return RoundRecord(
+        index=g.rounds - 1, shape=list(tree.shape.widths), shape_name=tree.shape.name,
+        nodes=_tree_nodes(r, g.config, g.target.tokenizer) if details else [], emitted=r.emitted,
+        accepted_len=len(r.acc.path) - 1, draft_ms=r.draft_s * 1e3, verify_ms=r.verify_s * 1e3,
+        round_ms=r.round_s * 1e3, new_tokens_total=len(g.new_ids), elapsed_s=g.seconds, rss_bytes=rss,
+        cuda_allocated_bytes=cuda_alloc, cuda_peak_bytes=cuda_peak, drafter_state_bytes=g.drafter.state_bytes(),
+        target_kv_bytes=g.verifier.kv_bytes, bandit=g.bandit.snapshot(r.arm) if g.bandit else None,
+        drafter_read_target=g.drafter.reads_target,
+    )
+
+
+def _summary(g: _Generation, prefill_ms: float) -> Summary:
+    seconds, n = g.seconds, len(g.new_ids)
+    return Summary(
+        method=g.config.method, text=g.target.tokenizer.decode(g.new_ids, skip_special_tokens=True),
+        token_ids=g.new_ids, new_tokens=n, rounds=g.rounds, prefill_ms=prefill_ms, seconds=seconds,
+        tokens_per_s=n / seconds if seconds > 0 else 0.0, mean_accepted_len=n / g.rounds if g.rounds else 0.0,
+        acceptance_rate=g.accepted / g.tested if g.tested else None, drafted_tokens=g.drafted,
+        stop_reason=g.stop_reason, accepted_tokens=g.accepted, tested_positions=g.tested,
+        extra={"drafter": g.drafter_label, "prompt_tokens": len(g.prompt_ids),
+               "dtype": str(g.target.model.dtype).removeprefix("torch.")},
+    )
+
+
 def generate(models: Models, prompt: str, config: GenerationConfig, stop: threading.Event | None = None,
-             chat: bool = True, bandit: UCBBandit | None = None) -> Iterator[RoundRecord | Summary]:
+             chat: bool = True, bandit: UCBBandit | None = None,
+             details: bool = True) -> Iterator[RoundRecord | Summary]:
     """Decode `prompt` with the configured method; yields a RoundRecord per round, then a Summary.
 
     For `*-ucb` methods, pass a `bandit` (`UCBBandit.for_config(config)`) to keep learning across generations,
-    e.g. over one user's session; by default each generation starts a fresh one.
+    e.g. over one user's session; by default each generation starts a fresh one. `details=False` leaves each
+    record's tree nodes empty (a benchmark needs only the timings and counts).
     """
-    config.validate()
-    if not prompt or not prompt.strip():
-        raise ValueError("the prompt is empty")
-    target = models.target
-    tokenizer, device = target.tokenizer, target.device
-    prompt_ids = encode_prompt(tokenizer, prompt, chat)
-    shapes = config.shapes()
-    if max((w for s in shapes for w in s.widths), default=1) > target.vocab_size:
-        raise ValueError(f"a tree is wider than the vocabulary ({target.vocab_size} tokens)")
-    max_depth = max(s.depth for s in shapes)
-    if config.grafts_lookup:
-        max_depth = max(max_depth, config.lookup_branch)
-    kind = config.spec.drafter
-    limits = [getattr(target.model.config, "max_position_embeddings", None)]
-    if kind == "transformer":  # a Mamba drafter (either kind) has no context limit
-        limits.append(getattr(models.drafter(kind).model.config, "max_position_embeddings", None))
-    limit = min((x for x in limits if x), default=None)
-    if limit and len(prompt_ids) + config.max_new_tokens + max_depth + 1 > limit:
-        raise ValueError(f"the prompt has {len(prompt_ids)} tokens; with max_new_tokens={config.max_new_tokens} "
-                         f"it exceeds the context of {limit} tokens")
-    eos = target.model.generation_config.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-
-    drafter = make_drafter(models, kind)
-    drafter_label = models.drafter(kind).name if config.spec.has_model else kind
-    if config.grafts_lookup:
-        drafter, drafter_label = LookupBranch(drafter, config.lookup_branch), f"{drafter_label}+lookup"
-    if config.spec.policy != "ucb":
-        bandit = None
-    elif bandit is None:
-        bandit = UCBBandit.for_config(config)
-    elif not bandit.matches(config):
-        raise ValueError("the bandit passed in was made for other arms or reward settings")
-    generator = torch.Generator(device=device).manual_seed(config.seed)
-    sampler = Sampler(config.temperature, config.top_p, generator)
-    verifier = make_verifier(target.model)
-    detok = Detokenizer(tokenizer)
-
+    g = _setup(models, prompt, config, chat, bandit)
     t0 = time.perf_counter()
-    if len(prompt_ids) > 1:
-        verifier.prefill(prompt_ids[:-1])  # the last prompt token is the first round's root
-    features = {"features": verifier.hidden} if drafter.uses_features else {}  # the target's, at prompt[:-1]
-    drafter.start(prompt_ids, max(s.num_drafted for s in shapes), **features)
-    _sync(device)
+    _prefill(g)
     prefill_ms = (time.perf_counter() - t0) * 1e3
-
-    new_ids: list[int] = []
-    rounds = accepted_total = tested_total = drafted_total = 0
-    stop_reason = "max_new_tokens"
-    start = time.perf_counter()
-    while len(new_ids) < config.max_new_tokens:
+    while len(g.new_ids) < config.max_new_tokens:
         if stop is not None and stop.is_set():
-            stop_reason = "stopped"
+            g.stop_reason = "stopped"
             break
-        arm = bandit.select() if bandit else 0
-        shape: TreeShape = shapes[arm]
-        t_round = time.perf_counter()
-        tree = drafter.draft(shape, sampler)
-        _sync(device)
-        t_draft = time.perf_counter()
-        logits = verifier.extend(tree.tokens, tree.parents)  # [n, V]: one pass over root + tree
-        p = logits_to_probs(logits, config.temperature, config.top_p)  # [n, V]
-        _sync(device)
-        t_verify = time.perf_counter()
-        acc = _accept(tree, logits, config, generator, p)
-        verifier.commit(acc.path)
-        features = {"features": verifier.hidden[acc.path]} if drafter.uses_features else {}  # root, accepted
-        drafter.commit(acc.path, acc.next_token, **features)
-        _sync(device)
-        round_s = time.perf_counter() - t_round
-
-        drafted_new = [tree.tokens[i] for i in acc.path[1:]]
-        emitted_ids = (drafted_new + [acc.next_token])[: config.max_new_tokens - len(new_ids)]
-        if eos_ids & set(emitted_ids):
-            emitted_ids = emitted_ids[: next(i for i, t in enumerate(emitted_ids) if t in eos_ids) + 1]
-            stop_reason = "eos"
-        target_source = "bonus" if acc.is_bonus else "correction"
-        emitted = [EmittedToken(t, detok.add(t), "draft" if i < len(drafted_new) else target_source)
-                   for i, t in enumerate(emitted_ids)]
-        new_ids.extend(emitted_ids)
-
-        snapshot: BanditSnapshot | None = None
-        if bandit:
-            bandit.observe(arm, len(emitted_ids), tree.shape.depth, round_s)
-            snapshot = bandit.snapshot(arm)
-        rounds += 1
-        accepted_total += len(acc.path) - 1
-        tested_total += acc.tested_depths
-        drafted_total += len(tree.tokens) - 1
-        rss, cuda_alloc, cuda_peak = _memory(device)
-        yield RoundRecord(
-            index=rounds - 1, shape=list(tree.shape.widths), shape_name=tree.shape.name,
-            nodes=_tree_nodes(tree, acc, p, tokenizer), emitted=emitted, accepted_len=len(acc.path) - 1,
-            draft_ms=(t_draft - t_round) * 1e3, verify_ms=(t_verify - t_draft) * 1e3, round_ms=round_s * 1e3,
-            new_tokens_total=len(new_ids), elapsed_s=time.perf_counter() - start, rss_bytes=rss,
-            cuda_allocated_bytes=cuda_alloc, cuda_peak_bytes=cuda_peak, drafter_state_bytes=drafter.state_bytes(),
-            target_kv_bytes=verifier.kv_bytes, bandit=snapshot, drafter_read_target=drafter.uses_features,
-        )
-        if stop_reason == "eos":
+        t0 = time.perf_counter()
+        r = _round(g)
+        g.seconds += time.perf_counter() - t0
+        yield _record(g, r, details)
+        if g.stop_reason == "eos":
             break
-
-    seconds = time.perf_counter() - start
-    yield Summary(
-        method=config.method, text=tokenizer.decode(new_ids, skip_special_tokens=True), token_ids=new_ids,
-        new_tokens=len(new_ids), rounds=rounds, prefill_ms=prefill_ms, seconds=seconds,
-        tokens_per_s=len(new_ids) / seconds if seconds > 0 else 0.0,
-        mean_accepted_len=len(new_ids) / rounds if rounds else 0.0,
-        acceptance_rate=accepted_total / tested_total if tested_total else None,
-        drafted_tokens=drafted_total, stop_reason=stop_reason, accepted_tokens=accepted_total,
-        tested_positions=tested_total,
-        extra={"drafter": drafter_label, "prompt_tokens": len(prompt_ids),
-               "dtype": str(target.model.dtype).removeprefix("torch.")},
-    )
+    yield _summary(g, prefill_ms)

@@ -301,9 +301,9 @@ def measure(report: Report, plan: Plan, budget: Budget) -> None:
             target = random_target(shape, plan.device, dtype)
             attempt(report, f"verification {label}", budget, time_verification, target, plan, name, dtype_name,
                     report.verify.append)
-            models = Models.from_loaded(LoadedModel(name, target, tokenizer, "random"),
-                                        LoadedModel("mamba-smollm2", mamba_model, None, mamba_folder),
-                                        LoadedModel("tf-smollm2", tf_model, None, tf_folder))
+            models = Models.from_loaded(LoadedModel(name, target, tokenizer, "random"), {
+                "mamba": LoadedModel("mamba-smollm2", mamba_model, None, mamba_folder),
+                "transformer": LoadedModel("tf-smollm2", tf_model, None, tf_folder)})
             attempt(report, f"end to end {label}", budget, time_end_to_end, models, plan, name, dtype_name,
                     report.end_to_end.append, budget)
             del models, target

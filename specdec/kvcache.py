@@ -44,12 +44,20 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from specdec.models import packed_min_rows
 from specdec.packed import MAX_INVARIANT_ROWS, PACKED_DTYPES, pack_linears
-from specdec.tree import ancestor_matrix
 from specdec.vocab import scatter_head
 
 ATTENTION = "specdec_tree"  # the attention implementation name the wrapped models are switched to
 _GROWTH = 256  # buffer capacity grows in multiples of this many positions
 
+
+def ancestor_matrix(parents: list[int]) -> torch.Tensor:
+    """`anc[i, j]` is True when node j is node i or one of its ancestors (parents come before children)."""
+    n = len(parents)
+    anc = torch.eye(n, dtype=torch.bool)
+    for i, parent in enumerate(parents):
+        if parent >= 0:
+            anc[i] |= anc[parent]
+    return anc  # [n, n]
 
 
 def tree_attention_mask(prefix_len: int, anc: torch.Tensor, rows: slice, dtype: torch.dtype,

@@ -12,7 +12,7 @@ import platform
 import re
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -22,12 +22,10 @@ from safetensors.torch import save_model
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.packed import PACKED_DTYPES, pack_linears, probe_min_rows
+from specdec.registry import KINDS, MODEL_KINDS
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_TARGET = "smollm2-135m-instruct"
-DEFAULT_MAMBA = "mamba-smollm2"
-DEFAULT_MAMBA_FEAT = "mamba-feat-smollm2"
-DEFAULT_TF = "tf-smollm2"
 
 
 class ModelLoadError(RuntimeError):
@@ -419,13 +417,30 @@ def check_vocab(target: LoadedModel, drafter: LoadedModel) -> None:
         )
 
 
-class Models:
-    """The target and the drafters of one process, each loaded lazily once and shared by all sessions."""
+def load_drafter_model(spec: str, device: torch.device, dtype: torch.dtype, target: LoadedModel,
+                       model_type: str | None = None) -> LoadedModel:
+    """A drafter that is a causal LM of its own (any architecture, or only `model_type`) sharing `target`'s
+    tokenizer."""
+    loaded = load_model(spec, device, dtype, vocab_size=target.vocab_size)
+    if model_type and loaded.model.config.model_type != model_type:
+        raise ModelLoadError(f"drafter {spec!r} is a {loaded.model.config.model_type} model, not {model_type}")
+    check_vocab(target, loaded)
+    return loaded
 
-    def __init__(self, target: str = DEFAULT_TARGET, mamba_drafter: str = DEFAULT_MAMBA,
-                 tf_drafter: str = DEFAULT_TF, device: str = "auto", dtype: str = "auto",
-                 drafter_dtype: str = "auto", feat_drafter: str = DEFAULT_MAMBA_FEAT) -> None:
-        self.specs = {"target": target, "mamba": mamba_drafter, "transformer": tf_drafter, "mamba-feat": feat_drafter}
+
+class Models:
+    """The target and the drafters of one process, each loaded lazily once and shared by all sessions.
+
+    `drafters` maps a drafter kind (`specdec.registry.KINDS`) to its model's spec; a kind left out gets its
+    default model."""
+
+    def __init__(self, target: str = DEFAULT_TARGET, drafters: Mapping[str, str] | None = None,
+                 device: str = "auto", dtype: str = "auto", drafter_dtype: str = "auto") -> None:
+        unknown = set(drafters or {}) - set(MODEL_KINDS)
+        if unknown:
+            raise ValueError(f"no drafter model of kind {', '.join(sorted(unknown))}; kinds with a model: "
+                             f"{', '.join(MODEL_KINDS)}")
+        self.specs = {"target": target, **{name: KINDS[name].model for name in MODEL_KINDS}, **(drafters or {})}
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.drafter_dtype = resolve_drafter_dtype(drafter_dtype, self.device, self.dtype)
@@ -433,17 +448,15 @@ class Models:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_loaded(cls, target: LoadedModel, mamba: LoadedModel | None = None,
-                    transformer: LoadedModel | None = None, feat: LoadedModel | None = None) -> Models:
-        """Wrap models already in memory (tests, notebooks, the distillation pipeline)."""
-        models = cls(target.name, mamba.name if mamba else DEFAULT_MAMBA,
-                     transformer.name if transformer else DEFAULT_TF, device=str(target.device), dtype="auto",
-                     feat_drafter=feat.name if feat else DEFAULT_MAMBA_FEAT)
+    def from_loaded(cls, target: LoadedModel, drafters: Mapping[str, LoadedModel] | None = None) -> Models:
+        """Wrap models already in memory (tests, notebooks, the distillation pipeline), drafters by kind."""
+        drafters = dict(drafters or {})
+        models = cls(target.name, {kind: loaded.name for kind, loaded in drafters.items()},
+                     device=str(target.device), dtype="auto")
         models.dtype = next(target.model.parameters()).dtype
-        drafter = mamba or transformer or feat
-        models.drafter_dtype = next(drafter.model.parameters()).dtype if drafter else models.dtype
-        loaded = {"target": target, "mamba": mamba, "transformer": transformer, "mamba-feat": feat}
-        models._loaded = {role: model for role, model in loaded.items() if model is not None}
+        first = next(iter(drafters.values()), None)
+        models.drafter_dtype = next(first.model.parameters()).dtype if first else models.dtype
+        models._loaded = {"target": target, **drafters}
         return models
 
     def load(self, progress: Callable[[str], None] | None = None) -> LoadedModel:
@@ -455,7 +468,7 @@ class Models:
         return self.get("target")
 
     def drafter(self, kind: str, progress: Callable[[str], None] | None = None) -> LoadedModel:
-        if kind not in ("mamba", "mamba-feat", "transformer"):
+        if kind not in MODEL_KINDS:
             raise ValueError(f"no drafter model of kind {kind!r}")
         return self.get(kind, progress)
 
@@ -477,13 +490,7 @@ class Models:
             return loaded
         target = self._loaded.get("target") or self._load_locked("target", progress)
         self._loaded["target"] = target
-        if role == "mamba-feat":
-            return load_feat_drafter(spec, self.device, dtype, target)
-        loaded = load_model(spec, self.device, dtype, vocab_size=target.vocab_size)
-        if role == "mamba" and loaded.model.config.model_type != "mamba":
-            raise ModelLoadError(f"drafter {spec!r} is a {loaded.model.config.model_type} model, not Mamba")
-        check_vocab(target, loaded)
-        return loaded
+        return KINDS[role].implementation_class().load(spec, self.device, dtype, target)
 
 
 def load_feat_drafter(spec: str, device: torch.device, dtype: torch.dtype, target: LoadedModel) -> LoadedModel:

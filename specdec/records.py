@@ -3,7 +3,7 @@
 These are the only things the UI, the CLI and the benchmark see of a generation. They hold Python
 scalars, strings and lists (no tensors), so they serialise with `dataclasses.asdict` + `json.dumps`.
 
-Glossary (PAPER.md): `q` drafter probability, `p` target probability, `γ` tree depth,
+Glossary (docs/method.md): `q` drafter probability, `p` target probability, `γ` tree depth,
 `T = (N1, ..., Nγ)` tree shape, "bonus" the target token after an accepted leaf, "correction" the
 target token sampled from the residual after every child of a node was rejected.
 """
@@ -69,7 +69,7 @@ class RoundRecord:
     verify_ms: float
     round_ms: float
     new_tokens_total: int  # tokens emitted so far in this generation
-    elapsed_s: float  # seconds since generation started (after prefill)
+    elapsed_s: float  # the generation's own seconds so far (after prefill; not the consumer's between rounds)
     rss_bytes: int  # resident memory of this process
     cuda_allocated_bytes: int | None  # None on CPU
     cuda_peak_bytes: int | None
@@ -92,8 +92,8 @@ class Summary:
     new_tokens: int
     rounds: int
     prefill_ms: float
-    seconds: float  # wall time from the first round to the end (excludes prefill; includes time the consumer
-    # spent between rounds, since `generate` is a generator; sum `round_ms` for engine time alone)
+    seconds: float  # the rounds' own time: excludes prefill, each record's display work, and the time the
+    # consumer spent between rounds (`generate` is a generator)
     tokens_per_s: float
     mean_accepted_len: float  # tokens emitted per round, the target's own token included
     acceptance_rate: float | None  # accepted / tested draft positions (None when nothing was drafted)

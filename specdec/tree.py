@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from functools import cached_property
 from math import prod
 
-import torch
-
 MAX_DEPTH = 16
 MAX_NODES = 256
 
@@ -117,13 +115,3 @@ def parse_arms(text: str | list) -> list[TreeShape]:
     if len(set(arms)) < len(arms):
         raise ValueError("bandit arms must differ from one another")
     return arms
-
-
-def ancestor_matrix(parents: list[int]) -> torch.Tensor:
-    """`anc[i, j]` is True when node j is node i or one of its ancestors (parents come before children)."""
-    n = len(parents)
-    anc = torch.eye(n, dtype=torch.bool)
-    for i, parent in enumerate(parents):
-        if parent >= 0:
-            anc[i] |= anc[parent]
-    return anc  # [n, n]

@@ -22,7 +22,7 @@ def tiny_models() -> Models:
     mamba = LoadedModel("tiny-mamba", tiny_mamba(6, seed=2), tokenizer, "tiny")
     transformer = LoadedModel("tiny-tf", tiny_llama(6, seed=3), tokenizer, "tiny")
     feat = LoadedModel("tiny-feat", tiny_feat(32, seed=12), None, "tiny")
-    return Models.from_loaded(target, mamba, transformer, feat)
+    return Models.from_loaded(target, {"mamba": mamba, "transformer": transformer, "mamba-feat": feat})
 
 
 @pytest.fixture(scope="session")
@@ -30,7 +30,7 @@ def self_draft_models(tiny_models) -> Models:
     """The target drafts for itself: under greedy decoding every drafted chain node is accepted."""
     target = tiny_models.target
     itself = LoadedModel("self", target.model, target.tokenizer, "tiny")
-    return Models.from_loaded(target, tiny_models.drafter("mamba"), itself)
+    return Models.from_loaded(target, {"mamba": tiny_models.drafter("mamba"), "transformer": itself})
 
 
 @pytest.fixture(scope="session")

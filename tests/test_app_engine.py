@@ -8,7 +8,10 @@ import pytest
 
 import app
 from demo.session import Session
-from specdec.models import DEFAULT_MAMBA, DEFAULT_TARGET, DEFAULT_TF
+from specdec.models import DEFAULT_TARGET
+from specdec.registry import KINDS
+
+DEFAULT_MAMBA = KINDS["mamba"].model
 from tests.test_models import no_drafters  # noqa: F401 - a fixture
 
 PROMPT = "abcab"  # tiny tokenizer: one token per character
@@ -16,7 +19,7 @@ PROMPT = "abcab"  # tiny tokenizer: one token per character
 
 @pytest.fixture
 def engine() -> app.Engine:
-    return app.real_engine(DEFAULT_TARGET, DEFAULT_MAMBA, DEFAULT_TF, "cpu", "float32")
+    return app.real_engine(DEFAULT_TARGET, {}, "cpu", "float32")
 
 
 def test_a_missing_drafter_is_named_in_the_page(no_drafters, engine):  # noqa: F811

@@ -32,8 +32,8 @@ def cuda_models(tiny_models) -> Models:
     def moved(m: LoadedModel) -> LoadedModel:
         return LoadedModel(m.name, copy.deepcopy(m.model).to(CUDA), m.tokenizer, m.source)
 
-    return Models.from_loaded(moved(tiny_models.target), moved(tiny_models.drafter("mamba")),
-                              moved(tiny_models.drafter("transformer")))
+    return Models.from_loaded(moved(tiny_models.target), {kind: moved(tiny_models.drafter(kind))
+                                                          for kind in ("mamba", "transformer")})
 
 
 def shipped_mamba(dtype: torch.dtype):

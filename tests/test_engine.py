@@ -172,8 +172,8 @@ def test_drafters_narrower_than_the_target_stay_exact(method):
     from tests.tiny import TinyTokenizer, tiny_llama, tiny_mamba
 
     target = LoadedModel("t8", tiny_llama(8, seed=11), TinyTokenizer(8), "tiny")
-    models = Models.from_loaded(target, LoadedModel("m6", tiny_mamba(6, seed=12), None, "tiny"),
-                                LoadedModel("f6", tiny_llama(6, seed=13), None, "tiny"))
+    models = Models.from_loaded(target, {"mamba": LoadedModel("m6", tiny_mamba(6, seed=12), None, "tiny"),
+                                         "transformer": LoadedModel("f6", tiny_llama(6, seed=13), None, "tiny")})
     _, ar = run(models, method="ar", max_new_tokens=30)
     _, sd = run(models, method=method, tree="2,2", max_new_tokens=30)
     assert sd.token_ids == ar.token_ids
@@ -194,8 +194,9 @@ def test_reduced_draft_head_from_the_drafter_folder(tiny_models, tmp_path, metho
 
     (tmp_path / "draft_vocab.json").write_text(json.dumps({"token_ids": [0, 2, 3]}))
     mamba, tf = tiny_models.drafter("mamba"), tiny_models.drafter("transformer")
-    models = Models.from_loaded(tiny_models.target, LoadedModel("m", mamba.model, mamba.tokenizer, str(tmp_path)),
-                                LoadedModel("f", tf.model, tf.tokenizer, str(tmp_path)))
+    models = Models.from_loaded(tiny_models.target, {
+        "mamba": LoadedModel("m", mamba.model, mamba.tokenizer, str(tmp_path)),
+        "transformer": LoadedModel("f", tf.model, tf.tokenizer, str(tmp_path))})
     _, ar = run(models, method="ar", max_new_tokens=30)
     rounds, sd = run(models, method=method, tree="2,2", max_new_tokens=30)
     assert sd.token_ids == ar.token_ids
@@ -230,7 +231,7 @@ def bf16_drafters(tiny_models):
     mamba, tf = tiny_models.drafter("mamba"), tiny_models.drafter("transformer")
     half = {m.name: LoadedModel(m.name, copy.deepcopy(m.model).to(torch.bfloat16), m.tokenizer, m.source)
             for m in (mamba, tf)}
-    models = Models.from_loaded(tiny_models.target, half[mamba.name], half[tf.name])
+    models = Models.from_loaded(tiny_models.target, {"mamba": half[mamba.name], "transformer": half[tf.name]})
     assert models.dtype == torch.float32 and models.drafter_dtype == torch.bfloat16
     return models
 

@@ -53,7 +53,7 @@ def test_detokenizer_joins_characters_split_across_tokens(smollm2):
 
 def test_a_transformer_drafters_context_limits_the_request(tiny_models):
     short = LoadedModel("tf-40", tiny_llama(6, seed=3, positions=40), tiny_models.target.tokenizer, "tiny")
-    models = Models.from_loaded(tiny_models.target, tiny_models.drafter("mamba"), short)
+    models = Models.from_loaded(tiny_models.target, {"mamba": tiny_models.drafter("mamba"), "transformer": short})
     prompt = "abcab" * 4  # 20 tokens
 
     def new_tokens(method: str, max_new_tokens: int) -> int:

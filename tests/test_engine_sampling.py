@@ -85,7 +85,7 @@ def test_reduced_draft_head_samples_the_target_distribution(tiny_models, tmp_pat
     head = [0, 2, 3]
     (tmp_path / "draft_vocab.json").write_text(json.dumps({"token_ids": head}))
     mamba = tiny_models.drafter("mamba")
-    models = Models.from_loaded(tiny_models.target, LoadedModel("m", mamba.model, mamba.tokenizer, str(tmp_path)))
+    models = Models.from_loaded(tiny_models.target, {"mamba": LoadedModel("m", mamba.model, mamba.tokenizer, str(tmp_path))})
     dist = reference(models, 1.0)
     counts: dict[tuple, int] = {}
     drafted: set[int] = set()

@@ -46,18 +46,19 @@ def target_features(models: Models, ids: list[int]) -> torch.Tensor:
 def test_state_after_a_generation_equals_a_fresh_start(tiny_models, monkeypatch, settings):
     """Catch-up with the verifier's features = prefill of prompt + output with a plain forward's features: this
     fails if a feature is off by one position, taken from a rejected node, or a drafted state is kept."""
-    made, committed = [], []
+    made, committed, given = [], [], []
     real_make, real_commit = engine.make_drafter, MambaFeatDrafter.commit
     monkeypatch.setattr(engine, "make_drafter", lambda *a: made.append(real_make(*a)) or made[-1])
 
     def logged_commit(self, path, next_token, unseen=(), features=None):  # the last round may accept more
         committed.extend([*(self.tokens[node] for node in path[1:]), *unseen, next_token])  # than is printed
+        given.append(features is not None)
         return real_commit(self, path, next_token, unseen, features)
 
     monkeypatch.setattr(MambaFeatDrafter, "commit", logged_commit)
     _, summary = run(tiny_models, **settings)
     drafter = made[0].inner if hasattr(made[0], "inner") else made[0]
-    assert isinstance(drafter, MambaFeatDrafter) and drafter.used_features
+    assert isinstance(drafter, MambaFeatDrafter) and given and all(given)
     assert committed[: len(summary.token_ids)] == summary.token_ids
     context = tiny_models.target.tokenizer(PROMPT)["input_ids"] + committed
     fresh = MambaFeatDrafter(drafter.model, tiny_models.target.model)
@@ -94,7 +95,7 @@ def test_commit_checks_the_features_it_is_given(tiny_models):
     with pytest.raises(ValueError, match="2 accepted positions but 3 features"):
         drafter.commit([0, 1], 5, features=torch.zeros(3, 32))
     drafter.commit([0, 1, 2], 5)
-    assert drafter.root == 5 and not drafter.used_features
+    assert drafter.root == 5
     assert drafter.draft(parse_shape("2"), greedy).tokens[0] == 5
 
 
@@ -125,5 +126,5 @@ def test_an_unrelated_target_width_is_refused_by_the_drafter():
 def test_models_wraps_a_feat_drafter():
     tokenizer = TinyTokenizer(6)
     target = LoadedModel("t", tiny_llama(6, seed=1), tokenizer, "tiny")
-    models = Models.from_loaded(target, feat=LoadedModel("f", tiny_feat(32, seed=4), None, "tiny"))
+    models = Models.from_loaded(target, {"mamba-feat": LoadedModel("f", tiny_feat(32, seed=4), None, "tiny")})
     assert models.drafter("mamba-feat").name == "f" and models.specs["mamba-feat"] == "f"

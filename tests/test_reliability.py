@@ -175,7 +175,7 @@ def refuse(self, address, *args):
     raise OSError("network blocked by the test")
 socket.socket.connect = refuse
 from specdec.models import Models
-models = Models("smollm2-135m-instruct", "mamba-smollm2", "tf-smollm2", "cpu", "float32", "float32")
+models = Models("smollm2-135m-instruct", device="cpu", dtype="float32", drafter_dtype="float32")
 models.load(lambda message: None)
 models.drafter("mamba", lambda message: None)
 print("tried", tried)

@@ -1,7 +1,8 @@
 import pytest
 
 from specdec.config import GenerationConfig
-from specdec.tree import TreeShape, ancestor_matrix, parse_arms, parse_shape
+from specdec.kvcache import ancestor_matrix
+from specdec.tree import TreeShape, parse_arms, parse_shape
 
 
 def test_chain_and_tree_parsing():

@@ -105,7 +105,7 @@ def evaluate(target: LoadedModel, teacher: Path, run: Path, prompts_per_domain: 
     report["latency_ms"]["ratio_fp32"] = report["latency_ms"]["drafter_fp32"] / report["latency_ms"]["target_fp32"]
     prompts = [p for domain_prompts in _by_domain(read_prompts(teacher.parent / "corpus", "eval")).values()
                for p in domain_prompts[:prompts_per_domain]]
-    models = Models.from_loaded(target, **{"mamba" if kind == "mamba" else "transformer": drafter})
+    models = Models.from_loaded(target, {"mamba" if kind == "mamba" else "transformer": drafter})
     report["engine"] = engine_report(models, kind, prompts, max_new_tokens) if prompts else None
     (run / "eval.json").write_text(json.dumps(report, indent=1))
     return report

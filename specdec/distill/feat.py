@@ -327,7 +327,8 @@ def evaluate_feat(target, teacher: Path, run: Path, prompts_per_domain: int, max
     model.save(folder, draft_ids)
     prompts = [p for group in _by_domain(read_prompts(teacher.parent / "corpus", "eval")).values()
                for p in group[:prompts_per_domain]]
-    models = Models.from_loaded(target, feat=LoadedModel(run.name, MambaFeatModel.load(folder), None, str(folder)))
+    models = Models.from_loaded(target, {"mamba-feat": LoadedModel(run.name, MambaFeatModel.load(folder), None,
+                                                                str(folder))})
     report["engine"] = engine_report(models, "mamba-feat", prompts, max_new_tokens) if prompts else None
     (run / "eval.json").write_text(json.dumps(report, indent=1))
     return report

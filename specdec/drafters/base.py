@@ -1,12 +1,17 @@
 """The drafter interface and the draft tree it returns.
 
 A drafter's life in one generation:
-    start(context, max_nodes)     consume the prompt; the last prompt token is the first round's root
+    start(context, max_nodes, features)
+                                  consume the prompt; the last prompt token is the first round's root
     draft(shape, sampler)         propose a tree of shape T = (N1, ..., Nγ) below the root
-    commit(path, next_token, unseen)
+    commit(path, next_token, unseen, features)
                                   the target accepted `path` (node indices, root first), then the tokens
                                   `unseen` (a branch another proposer grafted on, see `LookupBranch`), and
                                   emitted `next_token` (correction or bonus), which becomes the next root
+
+Every drafter is handed the same observation; each takes what it needs. `features` are the target's last hidden
+states: at `start`, those of the prompt's positions but the last ([len(context) - 1, D]); at `commit`, those of
+the root, the accepted nodes and the unseen tokens, in order. Most drafters ignore them.
 """
 
 from __future__ import annotations
@@ -84,21 +89,27 @@ class TreeBuilder:
 
 
 class Drafter(ABC):
-    """A drafter whose `uses_features` is True also takes the target's last hidden states: at `start`, those of
-    the prompt's positions but the last ([len(context) - 1, D]); at `commit`, those of the root, the accepted nodes
-    and the unseen tokens, in order. The engine passes them as `features=` to such drafters only."""
+    """Proposes a tree each round (see the module docstring for the life of one generation)."""
 
     name: str = "drafter"
-    uses_features: bool = False
+    reads_target: bool = False  # whether it uses the target's hidden states (shown in the app)
+    max_context: int | None = None  # the longest context it can take, when it has a limit
+
+    @classmethod
+    def build(cls, loaded, target) -> Drafter:
+        """A fresh drafter for one generation: `loaded` is its kind's `LoadedModel` (None for a kind without a
+        model), `target` the target's. A kind with a model also provides `load(spec, device, dtype, target)`."""
+        return cls()
 
     @abstractmethod
-    def start(self, context: list[int], max_nodes: int) -> None: ...
+    def start(self, context: list[int], max_nodes: int, features: torch.Tensor | None = None) -> None: ...
 
     @abstractmethod
     def draft(self, shape: TreeShape, sampler: Sampler) -> DraftTree: ...
 
     @abstractmethod
-    def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = ()) -> None: ...
+    def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = (),
+               features: torch.Tensor | None = None) -> None: ...
 
     def state_bytes(self) -> int:
         return 0
@@ -109,11 +120,12 @@ class NoDrafter(Drafter):
 
     name = "none"
 
-    def start(self, context: list[int], max_nodes: int) -> None:
+    def start(self, context: list[int], max_nodes: int, features: torch.Tensor | None = None) -> None:
         self.root = context[-1]
 
     def draft(self, shape: TreeShape, sampler: Sampler) -> DraftTree:
         return DraftTree(TreeShape(()), [self.root], [-1], [1.0], None)
 
-    def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = ()) -> None:
+    def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = (),
+               features: torch.Tensor | None = None) -> None:
         self.root = next_token

@@ -35,7 +35,7 @@ class LookupDrafter(Drafter):
     def __init__(self, max_ngram: int = 3) -> None:
         self.max_ngram = max_ngram
 
-    def start(self, context: list[int], max_nodes: int) -> None:
+    def start(self, context: list[int], max_nodes: int, features: torch.Tensor | None = None) -> None:
         self.context = list(context)
 
     def draft(self, shape: TreeShape, sampler: Sampler) -> DraftTree:
@@ -46,7 +46,8 @@ class LookupDrafter(Drafter):
         return DraftTree(TreeShape.chain(len(drafted)), tokens, list(range(-1, n - 1)), [1.0] * n, None,
                          point=[False] + [True] * len(drafted))
 
-    def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = ()) -> None:
+    def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = (),
+               features: torch.Tensor | None = None) -> None:
         self.context.extend([*self.drafted[: len(path) - 1], *unseen, next_token])  # node k is drafted token k-1
 
 
@@ -96,12 +97,12 @@ class LookupBranch(Drafter):
         self.inner, self.length, self.max_ngram, self.min_ngram = inner, length, max_ngram, min_ngram
         self.min_yield, self.probe_every, self.smoothing = min_yield, probe_every, smoothing
         self.name = f"{inner.name}+lookup"
-        self.uses_features = inner.uses_features
+        self.reads_target, self.max_context = inner.reads_target, inner.max_context
 
-    def start(self, context: list[int], max_nodes: int, **features) -> None:
+    def start(self, context: list[int], max_nodes: int, features: torch.Tensor | None = None) -> None:
         self.context = list(context)
         self.yield_, self.skipped = 1.0, 0  # optimistic: copy until copying is seen to fail
-        self.inner.start(context, max_nodes, **features)
+        self.inner.start(context, max_nodes, features)
 
     def _wanted(self) -> bool:
         if self.yield_ >= self.min_yield:
@@ -126,12 +127,13 @@ class LookupBranch(Drafter):
         """Whether the last drafted tree has copied nodes."""
         return len(self.tree.tokens) > self.inner_nodes
 
-    def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = (), **features) -> None:
+    def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = (),
+               features: torch.Tensor | None = None) -> None:
         inner_path = [node for node in path if node < self.inner_nodes]  # grafted nodes come last on a path
         copied = [self.tree.tokens[node] for node in path[len(inner_path):]]
         if self.grafted:
             self.yield_ += self.smoothing * (len(copied) - self.yield_)
-        self.inner.commit(inner_path, next_token, [*copied, *unseen], **features)  # features: path order
+        self.inner.commit(inner_path, next_token, [*copied, *unseen], features)  # features: path order
         self.context.extend([*(self.tree.tokens[node] for node in path[1:]), *unseen, next_token])
 
     def state_bytes(self) -> int:

@@ -29,6 +29,7 @@ from transformers import MambaForCausalLM
 
 from specdec.drafters.base import Drafter, DraftTree, Sampler, TreeBuilder
 from specdec.drafters.cuda_graph import graphs_enabled, shared_graphs
+from specdec.models import LoadedModel, load_drafter_model
 from specdec.tree import TreeShape
 from specdec.vocab import fit_vocab, load_draft_vocab, scatter_head
 
@@ -163,6 +164,14 @@ class MambaDrafter(Drafter):
         """Use `draft_vocab.json` beside the weights, when present, as the draft head."""
         return cls(model, vocab_size, load_draft_vocab(folder))
 
+    @staticmethod
+    def load(spec: str, device: torch.device, dtype: torch.dtype, target: LoadedModel) -> LoadedModel:
+        return load_drafter_model(spec, device, dtype, target, model_type="mamba")
+
+    @classmethod
+    def build(cls, loaded: LoadedModel, target: LoadedModel) -> MambaDrafter:
+        return cls.from_folder(loaded.model, target.vocab_size, loaded.source)
+
     # --- the batched step -------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self, tokens: torch.Tensor, state: MambaState, logits: bool = True) -> torch.Tensor | None:
@@ -206,7 +215,7 @@ class MambaDrafter(Drafter):
         return scatter_head(logits[self.head_ids].float(), self.head_ids, self.vocab_size)
 
     # --- the Drafter interface ----------------------------------------------------------------------------
-    def start(self, context: list[int], max_nodes: int) -> None:
+    def start(self, context: list[int], max_nodes: int, features: torch.Tensor | None = None) -> None:
         root_state, self.root_logits = self.prefill(context)
         self.buffers = MambaState.zeros(self.model, max_nodes + 1)  # row i = state after node i's token
         self.buffers.write(torch.tensor([0], device=self.device), root_state)
@@ -218,7 +227,8 @@ class MambaDrafter(Drafter):
             lambda kids, parent_rows, rows, state: self.step(kids, state))
         return tree
 
-    def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = ()) -> None:
+    def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = (),
+               features: torch.Tensor | None = None) -> None:
         last, unfed = deepest_stepped(path, self.first_leaf, self.tree_tokens)
         state = self.buffers.select(torch.tensor([last], device=self.device))  # the deepest stepped node's state
         for token in [*unfed, *unseen]:  # accepted tokens this drafter never stepped

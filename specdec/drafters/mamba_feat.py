@@ -40,8 +40,9 @@ from transformers.models.mamba.modeling_mamba import MambaBlock, MambaRMSNorm
 
 from specdec.drafters.base import Drafter, DraftTree, Sampler
 from specdec.drafters.mamba import MambaState, deepest_stepped, draft_tree, mixer_step_ref
+from specdec.models import LoadedModel, load_feat_drafter
 from specdec.tree import TreeShape
-from specdec.vocab import scatter_head
+from specdec.vocab import load_draft_vocab, scatter_head
 
 MODEL_TYPE = "specdec-mamba-feat"
 
@@ -128,7 +129,7 @@ def is_feat_folder(folder: str | Path) -> bool:
 
 class MambaFeatDrafter(Drafter):
     name = "mamba-feat"
-    uses_features = True
+    reads_target = True
 
     def __init__(self, model: MambaFeatModel, target, head_ids: torch.Tensor | None = None) -> None:
         """`target`: the target's Hugging Face model (its embedding and output layer are read, never copied whole);
@@ -148,6 +149,14 @@ class MambaFeatDrafter(Drafter):
         self.head_ids = head_ids.to(self.device)
         self.head_weight = head.detach()[self.head_ids].to(model.dtype)  # [H, D]: the draft vocabulary's rows only
         self.zero_feature = torch.zeros(model.config.target_hidden, device=self.device)
+
+    @staticmethod
+    def load(spec: str, device: torch.device, dtype: torch.dtype, target: LoadedModel) -> LoadedModel:
+        return load_feat_drafter(spec, device, dtype, target)
+
+    @classmethod
+    def build(cls, loaded: LoadedModel, target: LoadedModel) -> MambaFeatDrafter:
+        return cls(loaded.model, target.model, load_draft_vocab(loaded.source))
 
     # --- one batched step -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -201,7 +210,6 @@ class MambaFeatDrafter(Drafter):
         self.buffers.write(torch.tensor([0], device=self.device), root_state)
         self.guesses[0] = root_guess
         self.root, self.tokens = context[-1], [context[-1]]
-        self.used_features = features is not None and len(features) > 0
 
     def draft(self, shape: TreeShape, sampler: Sampler) -> DraftTree:
         def step_level(kids, parent_rows, rows, state):  # a child reads its parent's guess of the target's feature
@@ -235,7 +243,6 @@ class MambaFeatDrafter(Drafter):
         self.buffers.write(torch.tensor([0], device=self.device), state)
         self.guesses[0] = guess[0]
         self.root, self.root_logits, self.tokens = next_token, logits[0], [next_token]
-        self.used_features = features is not None
 
     def state_bytes(self) -> int:
         return self.buffers.nbytes + self.guesses.nbytes

@@ -15,6 +15,7 @@ from transformers import PreTrainedModel
 
 from specdec.drafters.base import Drafter, DraftTree, Sampler, TreeBuilder
 from specdec.kvcache import TreeLM
+from specdec.models import LoadedModel, load_drafter_model
 from specdec.tree import TreeShape
 from specdec.vocab import fit_vocab, load_draft_vocab
 
@@ -26,17 +27,26 @@ class TransformerDrafter(Drafter):
         self.lm = TreeLM(model, head_ids, row_invariant=False)  # q need not be row-invariant: one masked call
         self.vocab_size = vocab_size
         self.max_input_id = model.get_input_embeddings().num_embeddings - 1
+        self.max_context = getattr(model.config, "max_position_embeddings", None)
 
     @classmethod
     def from_folder(cls, model: PreTrainedModel, vocab_size: int, folder: str | None) -> TransformerDrafter:
         """Use `draft_vocab.json` beside the weights, when present, as the draft head."""
         return cls(model, vocab_size, load_draft_vocab(folder))
 
+    @staticmethod
+    def load(spec: str, device: torch.device, dtype: torch.dtype, target: LoadedModel) -> LoadedModel:
+        return load_drafter_model(spec, device, dtype, target)
+
+    @classmethod
+    def build(cls, loaded: LoadedModel, target: LoadedModel) -> TransformerDrafter:
+        return cls.from_folder(loaded.model, target.vocab_size, loaded.source)
+
     def _inputs(self, tokens: list[int]) -> list[int]:
         """A target token the drafter has no embedding for only makes drafting worse, never inexact."""
         return [min(t, self.max_input_id) for t in tokens]
 
-    def start(self, context: list[int], max_nodes: int) -> None:
+    def start(self, context: list[int], max_nodes: int, features: torch.Tensor | None = None) -> None:
         self.lm.reset()
         if len(context) > 1:
             self.lm.feed(self._inputs(context[:-1]))
@@ -62,7 +72,8 @@ class TransformerDrafter(Drafter):
         self.tree_tokens = builder.tokens
         return builder.build(shape, self.vocab_size)
 
-    def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = ()) -> None:
+    def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = (),
+               features: torch.Tensor | None = None) -> None:
         fed = [node for node in path[1:] if node in self.region_index]
         self.lm.commit([self.region_index[node] for node in fed])
         unfed = [self.tree_tokens[node] for node in path[1 + len(fed):]]  # at most an accepted leaf
