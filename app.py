@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import gradio as gr
@@ -27,7 +27,7 @@ import gradio as gr
 from demo import presenter
 from demo.compare import compare_html
 from demo.explainer import explainer_html
-from demo.live import LAMBDA_UCB, LOOKUP_BRANCH, METHODS, SETTINGS, live_panel
+from demo.live import DEFAULTS, LOOKUP_BRANCH, METHODS, SETTINGS, live_panel
 from demo.plots import bandit_figure, memory_figure, speed_figure
 from demo.prompts import load_prompts
 from demo.replay import recorded_runs
@@ -36,7 +36,7 @@ from demo.runner import in_background
 from demo.session import Session, write_export
 from demo.tokens_html import conversation_html
 from demo.tree_svg import tree_html
-from demo.views import main_views, round_views
+from demo.views import Stage, main_views, round_outputs, round_views
 from specdec.records import Summary
 from specdec.registry import KINDS
 
@@ -148,7 +148,8 @@ def settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_uc
 
 
 def page_handler(handler, limits: Limits):
-    """`handler(prompt, settings, session, progress)` as a Gradio handler of the page's 11 inputs."""
+    """`handler(prompt, settings, session, progress)` as a Gradio handler of the page's inputs: the prompt, the
+    `SETTINGS` and the session."""
 
     def on_page(prompt, method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup, session,
                 progress=gr.Progress()):
@@ -193,28 +194,50 @@ class OpenRuns:
             yield from events
 
 
-def wire_live(engine: Engine, live: dict, session: gr.State, outputs: list, limits: Limits) -> None:
-    """The Live tab's events; every handler is a generator of UI updates over one session's `Session`."""
-    runs = OpenRuns()
+STEP_STATUS = "Step mode: press “Step one round” (or the N key) again for the next round."
 
-    def generate(models, prompt, config, stop, memory) -> Iterator:
-        return runs.track(engine.generate(models, prompt, config, stop, memory))
 
-    def begin(prompt, settings, session):
-        """Start a fresh run in `session`; show the prompt and a loading line at once, before anything slow."""
-        session.start(prompt, settings)
-        return main_views(session, live=True) + [gr.HTML(visible=False), gr.DownloadButton(interactive=False), session]
+@dataclass(frozen=True, eq=False)
+class Live:
+    """The Live tab's runs over one engine: each handler is a generator of `{component: value}` updates that show
+    one browser session's `Session` on the stage, the comparison panel and the export button."""
 
-    def setup(settings, progress):
+    engine: Engine
+    stage: Stage
+    comparison: gr.HTML
+    export: gr.DownloadButton
+    session: gr.State
+    runs: OpenRuns = field(default_factory=OpenRuns)
+
+    @property
+    def outputs(self) -> list:
+        """Every component the handlers write, in the order the API returns them."""
+        return [*self.stage.outputs, self.comparison, self.export, self.session]
+
+    def views(self, session: Session, live: bool, **options) -> dict:
+        """`session` on the stage (`options` as `main_views` takes them), and as the tab's state."""
+        return {**main_views(self.stage, session, live, **options), self.session: session}
+
+    def generate(self, models, prompt: str, config, stop: threading.Event, memory: dict) -> Iterator:
+        return self.runs.track(self.engine.generate(models, prompt, config, stop, memory))
+
+    def setup(self, settings: dict, progress) -> tuple:
         """Validate the settings and load the models they need; return (config, models)."""
         try:
-            config = engine.make_config(**settings)
+            config = self.engine.make_config(**settings)
         except ValueError as err:
             raise gr.Error(f"Invalid settings: {err}") from err
-        return config, engine.prepare(config, lambda message: progress(0.5, desc=message))
+        return config, self.engine.prepare(config, lambda message: progress(0.5, desc=message))
 
-    def stream(session, events, panel=gr.skip):
-        """Feed engine events into `session`, yielding UI values as they come (plots at most every PLOT_EVERY_S)."""
+    def opening(self, prompt: str, settings: dict, session: Session, progress) -> Iterator[dict]:
+        """Show the fresh run at once, then validate and load: `config, models = yield from opening(...)`."""
+        session.start(prompt, settings)
+        yield {**self.views(session, live=True), self.comparison: gr.HTML(visible=False),
+               self.export: gr.DownloadButton(interactive=False)}
+        return self.setup(settings, progress)
+
+    def stream(self, session: Session, events: Iterator, panel: Callable[[], dict] = dict) -> Iterator[dict]:
+        """Feed engine events into `session`, yielding its views as they come (plots at most every PLOT_EVERY_S)."""
         last_plot = 0.0
         try:
             for batch in in_background(events, session.stop):
@@ -222,50 +245,44 @@ def wire_live(engine: Engine, live: dict, session: gr.State, outputs: list, limi
                     session.add(event)
                 plots = time.monotonic() - last_plot >= PLOT_EVERY_S
                 last_plot = time.monotonic() if plots else last_plot
-                yield main_views(session, live=True, plots=plots) + [panel(), gr.skip(), session]
+                yield {**self.views(session, live=True, plots=plots), **panel()}
         except ValueError as err:
             raise gr.Error(str(err)) from err
 
-    def finish(session, panel=gr.skip):
+    def finish(self, session: Session, panel: Callable[[], dict] = dict) -> dict:
         path = write_export(session, EXPORTS)
-        return main_views(session, live=False) + [panel(), gr.DownloadButton(value=str(path), interactive=True),
-                                                  session]
+        return {**self.views(session, live=False), **panel(),
+                self.export: gr.DownloadButton(value=str(path), interactive=True)}
 
-    def opening(prompt, settings, session, progress):
-        """Show the fresh run at once, then validate and load: `config, models = yield from opening(...)`."""
-        yield begin(prompt, settings, session)
-        return setup(settings, progress)
+    def run(self, prompt: str, settings: dict, session: Session, progress) -> Iterator[dict]:
+        config, models = yield from self.opening(prompt, settings, session, progress)
+        yield from self.stream(session, self.generate(models, session.prompt, config, session.stop, session.memory))
+        yield self.finish(session)
 
-    @functools.partial(page_handler, limits=limits)
-    def run(prompt, settings, session, progress):
-        config, models = yield from opening(prompt, settings, session, progress)
-        yield from stream(session, generate(models, session.prompt, config, session.stop, session.memory))
-        yield finish(session)
-
-    @functools.partial(page_handler, limits=limits)
-    def compare(prompt, settings, session, progress):
-        config, models = yield from opening(prompt, settings, session, progress)
+    def compare(self, prompt: str, settings: dict, session: Session, progress) -> Iterator[dict]:
+        """The target alone, then the chosen method, on the same prompt; the comparison panel follows both."""
+        config, models = yield from self.opening(prompt, settings, session, progress)
         base = Session(session.prompt, {**settings, "method": "ar"}, stop=session.stop)
-        base_config = engine.make_config(**base.settings)
-        label = METHODS.get(settings["method"], (settings["method"],))[0]
+        base_config = self.engine.make_config(**base.settings)
+        label = METHODS.get(settings["method"], settings["method"])
 
-        def panel():
-            return gr.HTML(compare_html(base.rounds, base.summary, session.rounds, session.summary, label),
-                           visible=True)
+        def panel() -> dict:
+            html = compare_html(base.rounds, base.summary, session.rounds, session.summary, label)
+            return {self.comparison: gr.HTML(html, visible=True)}
 
-        baseline_run = generate(models, base.prompt, base_config, session.stop, session.memory)
-        yield from stream(base, baseline_run, panel)
+        baseline_run = self.generate(models, base.prompt, base_config, session.stop, session.memory)
+        yield from self.stream(base, baseline_run, panel)
         session.baseline = base.summary
         if not session.stop.is_set():
-            method_run = generate(models, session.prompt, config, session.stop, session.memory)
-            yield from stream(session, method_run, panel)
-        yield finish(session, panel)
+            method_run = self.generate(models, session.prompt, config, session.stop, session.memory)
+            yield from self.stream(session, method_run, panel)
+        yield self.finish(session, panel)
 
-    @functools.partial(page_handler, limits=limits)
-    def step(prompt, settings, session, progress):
+    def step(self, prompt: str, settings: dict, session: Session, progress) -> Iterator[dict]:
+        """One round of the session's paused run (a fresh one when the prompt or the settings changed)."""
         if session.stepper is None or session.settings != settings or session.prompt != (prompt or "").strip():
-            config, models = yield from opening(prompt, settings, session, progress)
-            session.stepper = generate(models, session.prompt, config, session.stop, session.memory)
+            config, models = yield from self.opening(prompt, settings, session, progress)
+            session.stepper = self.generate(models, session.prompt, config, session.stop, session.memory)
         try:
             session.add(next(session.stepper))
         except ValueError as err:
@@ -273,46 +290,56 @@ def wire_live(engine: Engine, live: dict, session: gr.State, outputs: list, limi
             raise gr.Error(str(err)) from err
         if session.summary is not None:
             session.stepper = None
-            yield finish(session)
+            yield self.finish(session)
             return
-        views = main_views(session, live=False, status="Step mode: press “Step one round” (or the N key) again "
-                                                        "for the next round.")
-        yield views + [gr.skip(), gr.DownloadButton(interactive=False), session]
+        yield {**self.views(session, live=False, status=STEP_STATUS), self.export: gr.DownloadButton(interactive=False)}
 
-    def stop(session):
-        if session:
-            session.stop.set()
-
-    inputs = [live["prompt"]] + [live[name] for name in SETTINGS] + [session]
-    model_work = dict(concurrency_limit=1, concurrency_id="model", show_progress="minimal",
-                      show_progress_on=outputs[0])  # one indicator, where the answer appears
-    live["run"].click(run, inputs, outputs, api_name="generate", **model_work)
-    live["prompt"].submit(run, inputs, outputs, api_name=False, **model_work)
-    live["step"].click(step, inputs, outputs, api_name="step", **model_work)
-    live["compare"].click(compare, inputs, outputs, api_name="compare", **model_work)
-    live["stop"].click(stop, session, None, api_name="stop", queue=False)
-
-    def answer(prompt: str, settings: dict, stop: threading.Event) -> dict:
+    def answer(self, prompt: str, settings: dict, stop: threading.Event) -> dict:
         """Load, decode to the end (or to `stop`) and return `plain_answer`; runs in a worker thread, counted open
         from the start (a cancel during the models' load leaves it open until the load ends)."""
-        with runs:
-            config, models = setup(settings, lambda fraction, desc=None: None)
+        with self.runs:
+            config, models = self.setup(settings, lambda fraction, desc=None: None)
             summary = None
             try:
-                for event in engine.generate(models, prompt, config, stop, {}):
+                for event in self.engine.generate(models, prompt, config, stop, {}):
                     summary = event if isinstance(event, Summary) else summary
             except ValueError as err:
                 raise gr.Error(str(err)) from err
         return plain_answer(summary)
 
-    async def complete(prompt: str, method: str = "mamba-ucb", temperature: float = 0.0, max_new_tokens: int = 96,
-                       seed: int = 0, tree: str | None = None, arms: str | None = None, lambda_ucb: float = LAMBDA_UCB,
-                       reward: str = "throughput", lookup: bool = True) -> dict:
+
+def stop_run(session: Session | None) -> None:
+    """Stop: the session's run ends at its next round."""
+    if session:
+        session.stop.set()
+
+
+def wire_buttons(live: Live, panel: dict, limits: Limits) -> None:
+    """Generate (the button and Enter in the prompt), Step, Compare and Stop: one model run at a time."""
+    inputs = [panel["prompt"]] + [panel[name] for name in SETTINGS] + [live.session]
+    model_work = dict(concurrency_limit=1, concurrency_id="model", show_progress="minimal",
+                      show_progress_on=live.stage.conversation)  # one indicator, where the answer appears
+    run, step, compare = (page_handler(handler, limits) for handler in (live.run, live.step, live.compare))
+    panel["run"].click(run, inputs, live.outputs, api_name="generate", **model_work)
+    panel["prompt"].submit(run, inputs, live.outputs, api_name=False, **model_work)
+    panel["step"].click(step, inputs, live.outputs, api_name="step", **model_work)
+    panel["compare"].click(compare, inputs, live.outputs, api_name="compare", **model_work)
+    panel["stop"].click(stop_run, live.session, None, api_name="stop", queue=False)
+
+
+def wire_api(live: Live, limits: Limits) -> None:
+    """The plain endpoints: `complete` (the answer as JSON, same parameters as `generate`) and `status`."""
+
+    async def complete(prompt: str, method: str = DEFAULTS["method"], temperature: float = DEFAULTS["temperature"],
+                       max_new_tokens: int = DEFAULTS["max_new_tokens"], seed: int = DEFAULTS["seed"],
+                       tree: str | None = DEFAULTS["tree"], arms: str | None = DEFAULTS["arms"],
+                       lambda_ucb: float = DEFAULTS["lambda_ucb"], reward: str = DEFAULTS["reward"],
+                       lookup: bool = DEFAULTS["lookup"]) -> dict:
         """Decode `prompt` to the end and return the answer as JSON: text, token ids and the run's figures."""
         settings = settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup,
                                limits)
         stop = threading.Event()
-        worker = asyncio.ensure_future(asyncio.to_thread(answer, checked_prompt(prompt, limits), settings, stop))
+        worker = asyncio.ensure_future(asyncio.to_thread(live.answer, checked_prompt(prompt, limits), settings, stop))
         try:
             return await asyncio.shield(worker)
         except asyncio.CancelledError:  # the client cancelled: the engine ends at its next round; let it
@@ -322,10 +349,18 @@ def wire_live(engine: Engine, live: dict, session: gr.State, outputs: list, limi
 
     def status() -> dict:
         """Engine runs open in this process: 0 when idle; a cancelled or stopped run closes within one round."""
-        return {"engine_runs": runs.count}
+        return {"engine_runs": live.runs.count}
 
     gr.api(complete, api_name="complete", concurrency_limit=1, concurrency_id="model")
     gr.api(status, api_name="status", queue=False)
+
+
+def wire_live(engine: Engine, panel: dict, stage: Stage, comparison: gr.HTML, session: gr.State,
+              limits: Limits) -> None:
+    """The Live tab's events and the model endpoints, all over one count of open engine runs."""
+    live = Live(engine, stage, comparison, panel["export"], session)
+    wire_buttons(live, panel, limits)
+    wire_api(live, limits)
 
 
 def plain_answer(summary: Summary) -> dict:
@@ -391,13 +426,13 @@ def build_app(engine: Engine | None, prompts_dir: Path = ROOT / "assets" / "prom
             with gr.Tab("How it works", id="explainer") as explainer_tab:
                 explainer = gr.HTML(explainer_html(None, []), elem_id="explainer")
 
-        main = [conversation, caption, tree_view, round_slider, bandit_plot, speed_plot, memory_plot]
+        stage = Stage(conversation, caption, tree_view, round_slider, bandit_plot, speed_plot, memory_plot)
         if engine is not None:
-            wire_live(engine, live, session, main + [comparison, live["export"], session], limits)
-        wire_replay(replay, runs, session, main)
+            wire_live(engine, live, stage, comparison, session, limits)
+        wire_replay(replay, runs, session, stage)
         presenter.wire_view(app, *toggles, live["collapsible"], session, tree_view, round_slider)
-        round_slider.input(round_views, [round_slider, session], [caption, tree_view, bandit_plot], api_name=False,
-                           concurrency_limit=None, show_progress="hidden", trigger_mode="always_last")
+        round_slider.input(functools.partial(round_views, stage), [round_slider, session], round_outputs(stage),
+                           api_name=False, concurrency_limit=None, show_progress="hidden", trigger_mode="always_last")
         explainer_tab.select(explain, [round_slider, session], explainer, api_name=False, queue=False)
     app.queue(default_concurrency_limit=1, max_size=limits.queue_size)
     return app
@@ -450,7 +485,7 @@ def warm_up(engine: Engine) -> None:
 
     def load() -> None:
         try:
-            engine.prepare(engine.make_config(method=next(iter(METHODS))), lambda message: None)
+            engine.prepare(engine.make_config(method=DEFAULTS["method"]), lambda message: None)
         except gr.Error as err:  # the first request reports it again, in its own page
             print(f"Background model load failed: {err.message}", flush=True)
 

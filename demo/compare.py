@@ -39,7 +39,7 @@ def headline(base: Summary | None, run: Summary | None, label: str) -> str:
     if base is None:
         return "Step 1 of 2: the target alone writes the answer, one token per pass…"
     if run is None:
-        return f"Step 2 of 2: now {label} writes the same answer…"
+        return f"Step 2 of 2: now “{label}” writes the same answer…"
     ratio = run.tokens_per_s / base.tokens_per_s if base.tokens_per_s > 0 else 0.0
     same = "identical text" if run.token_ids == base.token_ids else "the texts differ (a different sample or rounding)"
     return (f"Speed-up: {ratio:.2f}× ({run.tokens_per_s:.1f} vs {base.tokens_per_s:.1f} tokens/s), "

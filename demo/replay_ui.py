@@ -13,7 +13,7 @@ import gradio as gr
 
 from demo.replay import Replay, load_replay
 from demo.session import Session
-from demo.views import main_views
+from demo.views import Stage, main_views
 
 
 @dataclass
@@ -59,12 +59,12 @@ def describe(replay: Replay) -> str:
             f"{html.escape(', '.join(str(p) for p in parts))}</div>")
 
 
-def loaded(replay: Replay, session: Session | None) -> list:
-    """Start `replay` in the session (forgetting its previous run) and show the prompt, no rounds yet."""
+def loaded(replay: Replay, session: Session | None) -> Session:
+    """Start `replay` in the session (forgetting its previous run): the prompt, no rounds yet."""
     session = session or Session()
     session.start(replay.prompt, replay.settings)
     session.replay = replay
-    return main_views(session, live=False) + [describe(replay), session]
+    return session
 
 
 def finished(session: Session) -> bool:
@@ -79,44 +79,48 @@ def advance(session: Session) -> None:
         session.summary = session.replay.summary
 
 
-def wire_replay(panel: ReplayPanel, runs: dict[str, Path], session: gr.State, main: list) -> None:
-    """Events of the panel; `main` are the page's outputs of `views.main_views`, in order."""
-    outputs = main + [panel.info, session]
+def wire_replay(panel: ReplayPanel, runs: dict[str, Path], session: gr.State, stage: Stage) -> None:
+    """Events of the panel: each handler shows the session's replay on `stage` and keeps the session."""
+    outputs = [*stage.outputs, panel.info, session]
 
-    def pick(title: str | None, state: Session | None) -> list:
-        if not title:
-            return [gr.skip()] * len(outputs)
-        return loaded(load_replay(runs[title]), state)
+    def shown(state: Session, live: bool = False) -> dict:
+        return {**main_views(stage, state, live), session: state}
 
-    def upload(path: str | None, state: Session | None) -> list:
+    def start(replay: Replay, state: Session | None) -> dict:
+        return {**shown(loaded(replay, state)), panel.info: describe(replay)}
+
+    def pick(title: str | None, state: Session | None) -> dict:
+        return start(load_replay(runs[title]), state) if title else gr.skip()
+
+    def upload(path: str | None, state: Session | None) -> dict:
         if not path:
-            return [gr.skip()] * len(outputs)
+            return gr.skip()
         try:
             replay = load_replay(Path(path))
         except ValueError as err:
             raise gr.Error(f"Cannot replay this file: {err}") from err
-        return loaded(replay, state)
+        return start(replay, state)
 
     def ready(state: Session | None) -> Session:
         if state is None or state.replay is None:
             raise gr.Error("Pick a recorded run or load an exported JSON first.")
         return state
 
-    def play(speed: float, state: Session | None) -> Iterator[list]:
+    def play(speed: float, state: Session | None) -> Iterator[dict]:
         state = ready(state)
         if finished(state):  # played to the end: from the start again
             state.rounds, state.summary = [], None
         state.stop.clear()
         while not state.stop.is_set() and not finished(state):
             advance(state)
-            yield main_views(state, live=not finished(state)) + [gr.skip(), state]
+            yield shown(state, live=not finished(state))
             time.sleep(0 if finished(state) else 1.0 / max(float(speed), 0.1))
-        yield main_views(state, live=False) + [gr.skip(), state]  # paused or done: no cursor
+        yield shown(state)  # paused or done: no cursor
 
-    def step(state: Session | None) -> list:
+    def step(state: Session | None) -> dict:
         state = ready(state)
         advance(state)
-        return main_views(state, live=False) + [gr.skip(), state]
+        return shown(state)
 
     def pause(state: Session | None) -> None:
         if state is not None:

@@ -1,6 +1,8 @@
-"""The adapter from a session's run to the values of the page's main outputs (live runs and replays alike)."""
+"""The adapter from a session's run to the page's main outputs (live runs and replays alike), keyed by component."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, fields
 
 import gradio as gr
 
@@ -13,6 +15,24 @@ from demo.tree_svg import tree_html
 TREE_FONT = {False: 15, True: 21}  # node label size in px: normal, and the presenter's large type
 
 
+@dataclass(frozen=True, eq=False)
+class Stage:
+    """The page's main outputs, which every run and replay fills."""
+
+    conversation: gr.HTML
+    caption: gr.HTML
+    tree: gr.HTML
+    round_slider: gr.Slider
+    bandit: gr.Plot
+    speed: gr.Plot
+    memory: gr.Plot
+
+    @property
+    def outputs(self) -> list:
+        """The components in a fixed order: the order the API returns their values in."""
+        return [getattr(self, f.name) for f in fields(self)]
+
+
 def tree_view(session: Session, index: int | None = None) -> str:
     """The tree of round `index` (the latest when None), at the session's type size; "of N" counts a replay's
     whole run."""
@@ -20,27 +40,34 @@ def tree_view(session: Session, index: int | None = None) -> str:
     return tree_html(session.round_at(index), total, TREE_FONT[session.large])
 
 
-def main_views(session: Session, live: bool, plots: bool = True, status: str | None = None) -> list:
-    """One session's run as values for conversation, caption, tree, round slider and the 3 plots."""
+def main_views(stage: Stage, session: Session, live: bool, plots: bool = True, status: str | None = None) -> dict:
+    """One session's run on the stage; without `plots` the plots keep what they show."""
     latest = session.round_at(None)
     n = len(session.rounds)
     text = status_text(session, live) if status is None else status
-    html = [
-        conversation_html(session.prompt, session.rounds, live, text),
-        caption_html(round_caption(latest)) if latest else "",
-        tree_view(session),
-        gr.Slider(minimum=1, maximum=max(n, 2), value=max(n, 1), step=1, interactive=n > 1),  # max > min always
-    ]
-    if not plots:
-        return html + [gr.skip()] * 3
-    bandit = bandit_figure(latest.bandit if latest else None, latest.index if latest else None)
-    return html + [bandit, speed_figure(session.rounds), memory_figure(session.rounds)]
+    views = {
+        stage.conversation: conversation_html(session.prompt, session.rounds, live, text),
+        stage.caption: caption_html(round_caption(latest)) if latest else "",
+        stage.tree: tree_view(session),
+        stage.round_slider: gr.Slider(minimum=1, maximum=max(n, 2), value=max(n, 1), step=1,
+                                      interactive=n > 1),  # max > min always
+    }
+    if plots:
+        views[stage.bandit] = bandit_figure(latest.bandit if latest else None, latest.index if latest else None)
+        views[stage.speed] = speed_figure(session.rounds)
+        views[stage.memory] = memory_figure(session.rounds)
+    return views
 
 
-def round_views(number: float, session: Session | None) -> tuple:
+def round_views(stage: Stage, number: float, session: Session | None) -> dict:
     """Caption, tree and bandit of round `number` (1-based), for the round slider."""
     record = session.round_at(int(number) - 1) if session else None
     if record is None:
-        return gr.skip(), gr.skip(), gr.skip()
-    return caption_html(round_caption(record)), tree_view(session, record.index), bandit_figure(record.bandit,
-                                                                                                record.index)
+        return gr.skip()
+    return {stage.caption: caption_html(round_caption(record)), stage.tree: tree_view(session, record.index),
+            stage.bandit: bandit_figure(record.bandit, record.index)}
+
+
+def round_outputs(stage: Stage) -> list:
+    """What `round_views` writes."""
+    return [stage.caption, stage.tree, stage.bandit]

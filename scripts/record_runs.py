@@ -2,7 +2,7 @@
 
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/record_runs.py [--out assets/runs] [--device cpu]
 
-Each run uses the app's own default settings (`app.settings_of` with the page's defaults) and its engine calls,
+Each run uses the app's own default settings (`app.settings_of` with `demo.live.DEFAULTS`) and its engine calls,
 so a replay shows exactly what the app would have shown live; the file is the app's export, compacted
 (`demo.replay.compact_payload`), with a `recorded` block saying what ran it. Re-record on a quiet machine: the
 timings in the files are the ones measured while recording.
@@ -21,13 +21,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import app  # noqa: E402
-from demo.live import LAMBDA_UCB, LOOKUP_DEFAULT  # noqa: E402
+from demo.live import DEFAULTS  # noqa: E402
 from demo.prompts import load_prompts  # noqa: E402
 from demo.replay import compact_payload  # noqa: E402
 from demo.session import Session, export_payload  # noqa: E402
 
-DEFAULTS = dict(method="mamba-ucb", temperature=0.0, max_new_tokens=96, seed=0, tree="", arms="", lambda_ucb=LAMBDA_UCB,
-                reward="throughput", lookup=LOOKUP_DEFAULT)  # the page's defaults (demo.live.settings_panel)
 RUNS = {  # file name -> (title, prompt id, changes to the defaults)
     "code-greedy": ("Code: a Python function (greedy)", "code-02", {}),
     "summary-lookup": ("Summary with the lookup branch (greedy)", "summary-01", {}),

@@ -34,7 +34,8 @@ DEFAULT_ARMS = "0; 3; 2,1,1; 2,1,1,1"
 DEFAULT_TREES = {"chain": "4", "tree": "2,1,1", "ucb": None, "none": None}
 
 
-def _methods() -> dict[str, Method]:
+def build_methods() -> dict[str, Method]:
+    """One method per (drafter kind, policy) of the registry, "ar" first."""
     methods = {}
     for kind in sorted(KINDS.values(), key=lambda k: bool(k.policies)):  # "ar" first
         for name, policy in kind.methods.items():
@@ -44,7 +45,7 @@ def _methods() -> dict[str, Method]:
     return methods
 
 
-METHODS: dict[str, Method] = _methods()
+METHODS: dict[str, Method] = build_methods()
 
 LOOKUP_BRANCH = 6  # tokens of a prompt-lookup branch, when one is asked for without a length
 REWARDS = ("throughput", "paper")

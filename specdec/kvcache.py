@@ -33,6 +33,8 @@ first child's branch (a decode step's one token, a drafter's likeliest branch), 
 
 from __future__ import annotations
 
+import copy
+
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -369,6 +371,11 @@ class TreeLM:
         if self.head_ids is not None:
             self.head_weight = model.get_output_embeddings().weight[self.head_ids]  # [H, d]
         self.reset()
+
+    def fork(self) -> TreeLM:
+        """A copy with a cache of its own that shares the model's weights (to decode branches from one prefix)."""
+        shared = [self.model, *([self.head_weight] if self.head_ids is not None else [])]
+        return copy.deepcopy(self, {id(x): x for x in shared})
 
     def reset(self) -> None:
         self.cache = TreeKV(self.model.config.num_hidden_layers)

@@ -359,10 +359,9 @@ def _ready(model: PreTrainedModel, device: torch.device) -> PreTrainedModel:
 
 
 def _converted_folder(gguf: Path) -> Path | None:
-    """Where a GGUF model is kept once converted (float32 safetensors and its tokenizer), so later loads take a
-    second instead of dequantising again (about 20 s for SmolLM2-135M on a 2-core CPU). Keyed by the file and the
-    transformers version that converted it, in `cache_dir()`; `SPECDEC_GGUF_CACHE=0`
-    turns it off."""
+    """Where a GGUF model is kept once converted (float32 safetensors and its tokenizer), so later loads read it
+    instead of dequantising again. Keyed by the file and the transformers version that converted it, in
+    `cache_dir()`; `SPECDEC_GGUF_CACHE=0` turns it off."""
     import hashlib
 
     import transformers

@@ -9,7 +9,7 @@ Glossary:
             `point` (a token copied from the context), proposed with a point mass at x
     u       uniform random numbers for the accept tests
 
-Multi-draft acceptance (PAPER.md, step 3): at an accepted node with children x_1..x_k (i.i.d. from q), try
+Multi-draft acceptance (docs/method.md, "3. Accept"): at an accepted node with children x_1..x_k (i.i.d. from q), try
 them in order; accept x_j with probability min(1, p(x_j) / q(x_j)); on rejection replace p by the residual
 norm(max(0, p - q)) and try the next child. If none is accepted the *correction* token is drawn from the
 residual; if a leaf is accepted the *bonus* token is drawn from p at the leaf. The emitted tokens are then

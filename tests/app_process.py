@@ -1,4 +1,5 @@
-"""Start `python app.py` on a free port for a test, wait until it answers, and always stop it."""
+"""Start `python app.py` on a free port for a test (or serve a page in-process), wait until it answers, and always
+stop it."""
 
 from __future__ import annotations
 
@@ -20,6 +21,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextmanager
+def served(blocks) -> Iterator[str]:
+    """Yield the URL of `blocks` (a `gr.Blocks`) launched in this process on a free port; always close it."""
+    port = free_port()
+    blocks.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        blocks.close()
 
 
 @contextmanager

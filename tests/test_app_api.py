@@ -13,7 +13,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 import app
-from tests.app_process import ROOT, free_port, running_app
+from tests.app_process import ROOT, running_app, served
 from tests.test_app_client import ARGS, fake_engine
 
 KEYS = {"text", "token_ids", "rounds", "tokens_per_s", "mean_accepted_len", "acceptance_rate", "method", "dtype"}
@@ -21,11 +21,8 @@ KEYS = {"text", "token_ids", "rounds", "tokens_per_s", "mean_accepted_len", "acc
 
 @pytest.fixture(scope="module")
 def url():
-    blocks = app.build_app(fake_engine(delay=0.001))
-    port = free_port()
-    blocks.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    yield f"http://127.0.0.1:{port}/"
-    blocks.close()
+    with served(app.build_app(fake_engine(delay=0.001))) as address:
+        yield address
 
 
 def parameters(info: dict, endpoint: str) -> dict:

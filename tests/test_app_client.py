@@ -17,7 +17,7 @@ from gradio_client.exceptions import AppError
 
 import app
 from demo.fake import fake_generate
-from tests.app_process import free_port, running_app
+from tests.app_process import running_app, served
 
 ROOT = Path(__file__).resolve().parent.parent
 ARGS = dict(method="mamba-ucb", temperature=0.0, max_new_tokens=24, seed=0, tree="", arms="", lambda_ucb=1.0,
@@ -34,11 +34,8 @@ def fake_engine(delay: float = 0.01) -> app.Engine:
 
 @pytest.fixture(scope="module")
 def url():
-    blocks = app.build_app(fake_engine())
-    port = free_port()
-    blocks.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    yield f"http://127.0.0.1:{port}/"
-    blocks.close()
+    with served(app.build_app(fake_engine())) as address:
+        yield address
 
 
 def call(client: Client, endpoint: str, prompt: str = "Explain speculative decoding.", **changes):
@@ -126,33 +123,27 @@ def test_real_app_streams_generate(tmp_path):
         assert 'class="sd-node"' in final[2]
 
 
-def test_every_engine_method_has_a_label_in_the_app():
-    from specdec.config import METHODS
-
-    assert set(app.METHODS) == set(METHODS)
-
-
 def test_the_drafter_and_way_controls_reach_every_method_once():
-    from demo.live import DRAFTERS, method_of, on_drafter
+    from demo.live import DRAFTERS, METHODS as LABELS, method_of, on_drafter
     from specdec.config import METHODS
+    from specdec.registry import KINDS
 
-    named = [method for _, _, ways in DRAFTERS.values() for method in ways.values()]
-    assert sorted(named) == sorted(METHODS)  # every method once, nothing else
-    for drafter, (_, _, ways) in DRAFTERS.items():
+    assert list(DRAFTERS) == ["mamba", "mamba-feat", "transformer", "lookup", "none"] == list(KINDS)
+    named = [method for ways in DRAFTERS.values() for method in ways.values()]
+    assert sorted(named) == sorted(METHODS) == sorted(LABELS)  # every method once, with a label, nothing else
+    for drafter, ways in DRAFTERS.items():
         for way, method in ways.items():
             assert method_of(drafter, way) == method
-            assert METHODS[method].drafter == {"mamba": "mamba", "mamba-feat": "mamba-feat", "tf": "transformer",
-                                               "lookup": "lookup", "none": "none"}[drafter]
+            assert (METHODS[method].drafter, METHODS[method].policy) == (drafter, way)
         radio, method, _ = on_drafter(drafter)
         assert method == next(iter(ways.values())) and radio.value == next(iter(ways))
-    assert method_of("tf", "ucb") == "tf-tree"  # a way the Transformer drafter lacks: its first
+    assert list(DRAFTERS["mamba"]) == ["ucb", "tree", "chain"]  # the bandit first, as the page opens
+    assert method_of("transformer", "ucb") == "tf-tree"  # a way the Transformer drafter lacks: its first
 
 
 def test_lookup_checkbox_sets_the_engine_default_branch():
-    from specdec.config import LOOKUP_BRANCH, GenerationConfig
+    from specdec.config import GenerationConfig
 
-    assert app.LOOKUP_BRANCH == LOOKUP_BRANCH  # the app keeps its own copy to avoid importing torch at start-up
-    assert app.LAMBDA_UCB == GenerationConfig.lambda_ucb  # likewise the bandit's default exploration weight
     args = {k: v for k, v in ARGS.items() if k != "lookup"}
     on, off = app.settings_of(**args, lookup=True), app.settings_of(**args, lookup=False)
     assert GenerationConfig(**on).validate().grafts_lookup and not GenerationConfig(**off).grafts_lookup

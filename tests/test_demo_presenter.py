@@ -4,6 +4,9 @@ round's numbers, the page's style and keys, and the replay-only page."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import app
 from demo import presenter
@@ -104,3 +107,20 @@ def test_replay_only_flag_and_runtime_check(monkeypatch):
     assert app.missing_runtime() == ""  # torch and transformers are installed here
     monkeypatch.setattr(app.importlib.util, "find_spec", lambda name: None)
     assert app.missing_runtime() == "torch and transformers are not installed"
+
+
+NO_TORCH = """
+import sys
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("torch", "transformers"):
+            raise ImportError(f"{name} is blocked by the test")
+sys.meta_path.insert(0, Refuse())
+import app
+app.build_app(None, replay_only="no torch")
+"""
+
+
+def test_the_replay_only_page_builds_without_torch():
+    """`demo/` reads its drafters and defaults from `specdec.registry` and `specdec.config`, which need no torch."""
+    subprocess.run([sys.executable, "-c", NO_TORCH], cwd=Path(app.__file__).parent, check=True, timeout=120)

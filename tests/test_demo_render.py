@@ -218,7 +218,7 @@ def test_compare_reports_both_speeds_and_the_speed_up():
 
 def test_compare_headline_while_running():
     assert "target alone" in headline(None, None, "X")
-    assert "now X" in headline(summary("ar"), None, "X")
+    assert "now “X”" in headline(summary("ar"), None, "X")
     assert "texts differ" in headline(summary("ar"), summary(ids=(9,)), "X")
 
 

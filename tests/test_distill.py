@@ -7,18 +7,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specdec.distill import corpus, teacher
-from specdec.distill.export import model_card, save_drafter
-from specdec.distill.train import (
-    TrainConfig,
-    build_drafter,
-    distill_loss,
-    greedy_acceptance,
-    load_run,
-    mamba_hidden,
-    read_segments,
-    selective_scan,
-    train,
-)
+from specdec.distill.export import export, model_card
+from specdec.distill.plugin import PlugIn, build_drafter, mamba_hidden, save_drafter
+from specdec.distill.recipe import TrainConfig, distill_loss, greedy_acceptance, target_weights
+from specdec.distill.train import load_run, read_segments, train
+from specdec.drafters.mixer import scan_sequence, selective_scan
 from tests.tiny import tiny_llama
 
 VOCAB = 64
@@ -59,6 +52,12 @@ def data(tmp_path_factory):
     return out, model, tokenizer
 
 
+def train_on_target(teacher_dir, run, config: TrainConfig, target):
+    """`train` given the target's E and H, as the CLI gives them (what the feature recipe reads)."""
+    embedding, head = target_weights(target)
+    return train(teacher_dir, run, config, embedding, len(embedding), head)
+
+
 def test_prompts_are_reproducible_and_held_out():
     first, second = corpus.build_prompts(12, 3, seed=5), corpus.build_prompts(12, 3, seed=5)
     assert first == second
@@ -86,7 +85,7 @@ def test_teacher_resumes_without_redoing_shards(data):
 def test_the_teacher_accepts_all_of_its_own_greedy_tokens(data):
     out, model, _ = data
     held_out = teacher.load_shards(out / "teacher" / "responses" / "eval")
-    report = greedy_acceptance(model, held_out, torch.arange(VOCAB))
+    report = greedy_acceptance(PlugIn("transformer"), model, held_out, torch.arange(VOCAB))
     assert report["all"] == 1.0 and set(report) == set(corpus.DOMAINS) | {"all"}
 
 
@@ -145,21 +144,28 @@ def test_trainable_mamba_forward_matches_the_reference():
 
 
 def test_selective_scan_and_its_backward():
-    """Values against the recurrence written out step by step; gradients (all five inputs) against finite
-    differences, so a wrong term in the hand-written backward fails."""
+    """Values and last state against the recurrence written out step by step and against the reference scan;
+    gradients (all five inputs) against finite differences, so a wrong term in the hand-written backward fails."""
     g = torch.Generator().manual_seed(0)
     b, d, n, length = 2, 3, 4, 6
-    x = torch.randn(b, d, length, dtype=torch.double, generator=g, requires_grad=True)
-    dt = torch.rand(b, d, length, dtype=torch.double, generator=g).add(0.1).requires_grad_()
+    x = torch.randn(b, length, d, dtype=torch.double, generator=g, requires_grad=True)
+    dt = torch.rand(b, length, d, dtype=torch.double, generator=g).add(0.1).requires_grad_()
     A = (-torch.rand(d, n, dtype=torch.double, generator=g) * 2).requires_grad_()
     B = torch.randn(b, length, n, dtype=torch.double, generator=g, requires_grad=True)
     C = torch.randn(b, length, n, dtype=torch.double, generator=g, requires_grad=True)
     h, expected = torch.zeros(b, d, n, dtype=torch.double), []
     for t in range(length):
-        h = torch.exp(dt[:, :, t, None] * A) * h + (dt[:, :, t] * x[:, :, t])[..., None] * B[:, None, t]
+        h = torch.exp(dt[:, t, :, None] * A) * h + (dt[:, t] * x[:, t])[..., None] * B[:, None, t]
         expected.append((h * C[:, None, t]).sum(-1))
-    torch.testing.assert_close(selective_scan(x, dt, A, B, C), torch.stack(expected, -1))
-    assert torch.autograd.gradcheck(selective_scan, (x, dt, A, B, C))
+    y, last = selective_scan(x, dt, A, B, C)
+    torch.testing.assert_close(y, torch.stack(expected, 1))
+    torch.testing.assert_close(last, h)
+    with torch.no_grad():
+        reference = scan_sequence(x, dt, A, B, C)
+    torch.testing.assert_close(y, reference[0])
+    torch.testing.assert_close(last, reference[1])
+    assert not last.requires_grad
+    assert torch.autograd.gradcheck(lambda *inputs: selective_scan(*inputs)[0], (x, dt, A, B, C))
 
 
 def test_batched_greedy_decoding_matches_generate(data):
@@ -231,19 +237,18 @@ def test_coverage_of_the_draft_vocabulary(data):
 def test_feature_drafter_trains_resumes_and_matches_the_engine_drafter(data, tmp_path):
     """`--arch mamba-feat`: features beside every shard (the labelling pass keeps them too), training that
     resumes, and a trained drafter whose teacher-forced path equals the engine's step-by-step drafting."""
-    from specdec.distill.feat import (add_features, features_path, guesses, label_text_with_features,
-                                      load_feat_run, train_feat)
+    from specdec.distill.feat import add_features, guesses
     from specdec.drafters.mamba_feat import MambaFeatDrafter
 
     out, model, tokenizer = data
     teacher_dir = tmp_path / "teacher"
-    label_text_with_features(model, tokenizer, out / "corpus", teacher_dir, window=32, batch_size=4, shard_windows=8,
-                             k=4)
+    teacher.label_text(model, tokenizer, out / "corpus", teacher_dir, window=32, batch_size=4, shard_windows=8, k=4,
+                       features=True)
     text_shard = next((teacher_dir / "text").glob("shard_*.pt"))
     with torch.no_grad():  # the kept features are the target's last hidden state of the same tokens
         tokens = torch.load(text_shard, weights_only=False)["tokens"][:32].long()
         expected = model.base_model(input_ids=tokens[None]).last_hidden_state[0]
-    assert torch.allclose(torch.load(features_path(text_shard))[:32].float(), expected, atol=0.05)
+    assert torch.allclose(torch.load(teacher.features_path(text_shard))[:32].float(), expected, atol=0.05)
     eval_dir = teacher_dir / "responses" / "eval"
     eval_dir.mkdir(parents=True)
     for shard in (out / "teacher" / "responses" / "eval").glob("shard_*.pt"):
@@ -253,12 +258,12 @@ def test_feature_drafter_trains_resumes_and_matches_the_engine_drafter(data, tmp
     config = TrainConfig(arch="mamba-feat", hidden=16, mamba_layers=1, minutes=10.0, max_tokens=4 * 16 * 2,
                          seq_len=16, batch_size=4, warmup=1, draft_vocab=20, eval_every=1)
     run = tmp_path / "feat-run"
-    train_feat(teacher_dir, run, config, model)
+    train_on_target(teacher_dir, run, config, model)
     curve = [json.loads(line) for line in (run / "curve.jsonl").read_text().splitlines()]
     assert [point["step"] for point in curve] == [1, 2] and set(curve[-1]["acceptance"]) == {"real", "guessed"}
     config.max_tokens *= 2
-    train_feat(teacher_dir, run, config, model)
-    drafter_model, draft_ids, counters = load_feat_run(run)
+    train_on_target(teacher_dir, run, config, model)
+    drafter_model, draft_ids, counters = load_run(run)
     assert counters["step"] == 4 and len(draft_ids) == 20
 
     drafter = MambaFeatDrafter(drafter_model, model, draft_ids)
@@ -273,24 +278,25 @@ def test_feature_drafter_trains_resumes_and_matches_the_engine_drafter(data, tmp
 
 def feat_teacher(data, tmp_path):
     """Teacher data with features under `tmp_path/teacher`: the labelled text and the held-out answers."""
-    from specdec.distill.feat import add_features, label_text_with_features
+    from specdec.distill.feat import add_features
 
     out, model, tokenizer = data
     teacher_dir = tmp_path / "teacher"
-    label_text_with_features(model, tokenizer, out / "corpus", teacher_dir, window=32, batch_size=4, shard_windows=8,
-                             k=4)
+    teacher.label_text(model, tokenizer, out / "corpus", teacher_dir, window=32, batch_size=4, shard_windows=8, k=4,
+                       features=True)
     eval_dir = teacher_dir / "responses" / "eval"
     eval_dir.mkdir(parents=True)
     for shard in (out / "teacher" / "responses" / "eval").glob("shard_*.pt"):
         (eval_dir / shard.name).write_bytes(shard.read_bytes())
     add_features(model, eval_dir)
+    teacher.summarize(teacher_dir)  # as the `teacher` stage ends
     return teacher_dir
 
 
 def test_feature_drafter_evaluates_and_exports_a_loadable_folder(data, tmp_path):
     """evaluate -> export for `--arch mamba-feat` on tiny models: a card with the measured figures and a folder the
     engine's loader takes."""
-    from specdec.distill.feat import evaluate_feat, export_feat, train_feat
+    from specdec.distill.evaluate import evaluate
     from specdec.models import LoadedModel, load_feat_drafter
 
     out, model, tokenizer = data
@@ -299,16 +305,16 @@ def test_feature_drafter_evaluates_and_exports_a_loadable_folder(data, tmp_path)
     config = TrainConfig(arch="mamba-feat", hidden=16, mamba_layers=1, max_tokens=4 * 16 * 2, seq_len=16,
                          batch_size=4, warmup=1, draft_vocab=20, eval_every=1)
     run = tmp_path / "runs" / "feat"
-    train_feat(teacher_dir, run, config, model)
+    train_on_target(teacher_dir, run, config, model)
     class Decoding(ByteTokenizer):  # what the engine's detokenizer needs besides
         def decode(self, ids, skip_special_tokens=False):
             return "".join(chr(32 + i) for i in ids)
 
     target = LoadedModel("tiny", model, Decoding(), "tiny")
-    report = evaluate_feat(target, teacher_dir, run, prompts_per_domain=1, max_new_tokens=6)
+    report = evaluate(target, teacher_dir, run, prompts_per_domain=1, max_new_tokens=6)
     assert report["engine"]["identical"] and report["engine"]["prompts"] == 4
     assert 0 <= report["teacher_forced"]["real"] <= 1 and report["latency_ms"]["drafter_bf16"] > 0
-    folder = export_feat(run, tmp_path / "export")
+    folder = export(run, tmp_path / "export", target.tokenizer, teacher_dir)
     card = (folder / "README.md").read_text()
     assert f"| {report['teacher_forced']['real']:.3f} |" in card and "--arch mamba-feat" in card
     assert load_feat_drafter(str(folder), torch.device("cpu"), torch.float32, target).model.config.hidden == 16
@@ -392,35 +398,33 @@ def test_a_warm_start_begins_from_the_exported_drafter(data, tmp_path):
     its first curve point (step 0, before any step) is the folder's own held-out acceptance, and the card's
     command names the folder."""
     from specdec.distill.__main__ import parser
-    from specdec.distill.feat import greedy_acceptance as feat_acceptance
-    from specdec.distill.feat import load_feat_run, load_with_features, model_card, train_feat
+    from specdec.distill.feat import Features, load_with_features
     from specdec.drafters.mamba_feat import MambaFeatModel
 
     _, model, _ = data
     teacher_dir = feat_teacher(data, tmp_path)
     config = dict(arch="mamba-feat", max_tokens=4 * 16 * 2, seq_len=16, batch_size=4, warmup=1, eval_every=1)
     first = tmp_path / "first"
-    train_feat(teacher_dir, first, TrainConfig(hidden=16, mamba_layers=2, draft_vocab=20, **config), model)
-    drafter, draft_ids, _ = load_feat_run(first)
+    train_on_target(teacher_dir, first, TrainConfig(hidden=16, mamba_layers=2, draft_vocab=20, **config), model)
+    drafter, draft_ids, _ = load_run(first)
     folder = tmp_path / "exported"
     drafter.save(folder, draft_ids)  # bfloat16, as `export` writes it
 
     run = tmp_path / "warm"
-    train_feat(teacher_dir, run, TrainConfig(init=str(folder), **config), model)  # hidden, layers, V_d: the folder's
+    train_on_target(teacher_dir, run, TrainConfig(init=str(folder), **config), model)  # size and V_d: the folder's
     start, *trained = [json.loads(line) for line in (run / "curve.jsonl").read_text().splitlines()]
     exported = MambaFeatModel.load(folder)
-    embedding = model.get_input_embeddings().weight.detach().float()
-    expected = feat_acceptance(exported, embedding, model.get_output_embeddings().weight.detach().float()[draft_ids],
-                               draft_ids, load_with_features(teacher_dir / "responses" / "eval"))
+    expected = greedy_acceptance(Features(*target_weights(model)), exported,
+                                 load_with_features(teacher_dir / "responses" / "eval"), draft_ids)
     assert (start["step"], start["loss"], start["acceptance"]) == (0, None, expected)
     assert [point["step"] for point in trained] == [1, 2]
-    warm, warm_ids, counters = load_feat_run(run)
+    warm, warm_ids, counters = load_run(run)
     assert warm.config == exported.config and torch.equal(warm_ids, draft_ids)
     assert not torch.equal(warm.w_in.weight, exported.w_in.weight)  # it trained from there
 
     report = {"teacher_forced": {"real": 0.5, "guessed": 0.4}, "coverage": 0.9,
               "latency_ms": {"drafter_fp32": 1.0, "drafter_bf16": 1.0, "target_fp32": 10.0}}
-    card = model_card("warm", run, report, counters, 1000)
+    card = model_card("warm", run, report, counters, teacher.summarize(teacher_dir), 1000, 10)
     (line,) = [x for x in card.splitlines() if x.startswith("python -m specdec.distill train ")]
     args = parser().parse_args(line.split()[3:])
     assert (args.init, args.hidden, args.layers, args.draft_vocab) == (folder, 16, 2, 20)
@@ -430,7 +434,7 @@ def test_a_warm_start_begins_from_the_exported_drafter(data, tmp_path):
     wider = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=64, num_hidden_layers=1,
                                          num_attention_heads=4, num_key_value_heads=2))
     with pytest.raises(SystemExit, match="width 32, this target's are 48"):
-        train_feat(teacher_dir, tmp_path / "other", TrainConfig(init=str(folder), **config), wider)
+        train_on_target(teacher_dir, tmp_path / "other", TrainConfig(init=str(folder), **config), wider)
 
 
 @pytest.mark.parametrize("native, expected", [(True, torch.bfloat16), (False, torch.float32)])

@@ -2,8 +2,6 @@
 a tree pass gives every node the bits of decoding its branch one token at a time, so every method prints exactly
 the tokens of `ar` in that precision."""
 
-import copy
-
 import pytest
 import torch
 
@@ -38,7 +36,7 @@ def _stepwise(base: TreeLM, tokens: list[int], parents: list[int]) -> dict[int, 
     logits: dict[int, torch.Tensor] = {}
     leaves = [i for i in range(len(parents)) if i not in parents]
     for leaf in leaves:
-        lm = copy.deepcopy(base)
+        lm = base.fork()
         for node in _branch(parents, leaf):
             logits[node] = lm.feed([tokens[node]])[-1]  # [V]
     return logits
@@ -55,7 +53,7 @@ def test_tree_rows_equal_single_steps_bitwise(smollm2_exact, context):
     for shape in (TreeShape.chain(15), TreeShape((2, 2, 1, 1)), TreeShape((4, 2, 1)), TreeShape((2, 2, 2, 1))):
         parents = shape.parents  # up to 16 nodes, root included
         tokens = [text[context - 1], *torch.randint(0, target.vocab_size, (len(parents) - 1,), generator=g).tolist()]
-        tree = copy.deepcopy(base).extend(tokens, parents)  # [n, V]
+        tree = base.fork().extend(tokens, parents)  # [n, V]
         for node, expected in _stepwise(base, tokens, parents).items():
             assert torch.equal(tree[node], expected), (context, shape.name, node)
 
@@ -66,7 +64,7 @@ def test_blocks_longer_than_the_invariant_row_count_are_split(smollm2_exact):
     base.prefill([1, 2, 3])
     tokens = list(range(100, 100 + MAX_INVARIANT_ROWS + 5))  # one chain, longer than MAX_INVARIANT_ROWS
     parents = list(range(-1, len(tokens) - 1))
-    block = copy.deepcopy(base).extend(tokens, parents)
+    block = base.fork().extend(tokens, parents)
     steps = _stepwise(base, tokens, parents)
     assert all(torch.equal(block[i], steps[i]) for i in range(len(tokens)))
 

@@ -120,3 +120,13 @@ def test_the_head_probe_stacks_rows_only_where_the_kernel_keeps_their_bits(monke
         stacked = kvcache._head_attention(q, k, k, None, stack)[0]
         assert all(torch.equal(stacked[i], kvcache._head_attention(q[i: i + 1], k, k, None, stack)[0][0])
                    for i in range(4))
+
+
+def test_a_fork_shares_the_weights_and_not_the_cache():
+    lm = TreeLM(tiny_llama(11, seed=9))
+    lm.prefill([1, 2, 3])
+    fork = lm.fork()
+    assert fork.model is lm.model
+    fork.feed([4, 5])
+    assert (lm.length, fork.length) == (3, 5)
+    torch.testing.assert_close(fork.feed([6]), lm.fork().feed([4, 5, 6])[-1:], atol=1e-5, rtol=1e-5)

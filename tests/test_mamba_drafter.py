@@ -1,10 +1,13 @@
-"""Batch-cache tree drafting: copying Mamba states per child equals running each branch from scratch."""
+"""Batch-cache tree drafting: copying Mamba states per child equals running each branch from scratch; the mixer's
+step, sequence and training paths (and, on a GPU, its fused kernels) agree."""
 
 import pytest
 import torch
 
 from specdec.drafters import MambaDrafter, Sampler
-from specdec.drafters.mamba import MambaState, kernels_available, mixer_step_kernel, mixer_step_ref
+from specdec.drafters.mamba import MambaState
+from specdec.drafters.mixer import (kernels_available, mixer_forward, mixer_sequence, mixer_step_kernel,
+                                    mixer_step_ref)
 from specdec.tree import TreeShape
 from tests.tiny import tiny_mamba
 
@@ -21,6 +24,25 @@ def _branch(parents, node):
         path.append(node)
         node = parents[node]
     return path[::-1]
+
+
+def test_mixer_step_sequence_and_training_paths_agree():
+    """l recurrent steps from a zero state = the sequence pass (outputs and both states) = the trainable pass, whose
+    gradients reach every mixer weight."""
+    mixer = tiny_mamba(V, seed=2).backbone.layers[0].mixer
+    hidden = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(0))  # [b, l, d]
+    conv = torch.zeros(2, mixer.intermediate_size, mixer.conv_kernel_size)
+    ssm = torch.zeros(2, mixer.intermediate_size, mixer.ssm_state_size)
+    with torch.no_grad():
+        stepped = torch.stack([mixer_step_ref(mixer, hidden[:, t], conv, ssm) for t in range(7)], dim=1)
+        out, (conv_last, ssm_last) = mixer_sequence(mixer, hidden)
+    torch.testing.assert_close(out, stepped, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(conv_last, conv)
+    torch.testing.assert_close(ssm_last, ssm, atol=1e-5, rtol=1e-5)
+    trained = mixer_forward(mixer, hidden)
+    torch.testing.assert_close(trained, out, atol=1e-5, rtol=1e-5)
+    trained.square().sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in mixer.parameters())
 
 
 def test_step_matches_full_sequence_forward():

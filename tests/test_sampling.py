@@ -29,7 +29,7 @@ def emitted_counts(p, q, children, n: int, g, point=None) -> torch.Tensor:
 
 
 def test_multi_draft_node_is_exact():
-    """k i.i.d. drafts from q, accept/residual per PAPER.md: the emitted token is distributed as p."""
+    """k i.i.d. drafts from q, accepted as in docs/method.md ("3. Accept"): the emitted token is distributed as p."""
     g = torch.Generator().manual_seed(0)
     p = torch.tensor([0.5, 0.05, 0.25, 0.2])
     q = torch.tensor([0.1, 0.6, 0.1, 0.2])

@@ -53,11 +53,8 @@ def stage_teacher(args: argparse.Namespace) -> None:
     teacher.generate_sampled(target.model, target.tokenizer, corpus, out, args.sampled_passes,
                              args.sampling_temperature, minutes=args.sampled_minutes, max_shards=args.sampled_shards,
                              **common)
-    label = teacher.label_text
-    if args.text_features:  # the same pass also keeps the target's features (for `--arch mamba-feat`)
-        from specdec.distill.feat import label_text_with_features as label
-    label(target.model, target.tokenizer, corpus, out, args.window, args.label_batch, args.shard_windows, args.topk,
-          minutes=args.text_minutes, max_shards=args.text_shards)
+    teacher.label_text(target.model, target.tokenizer, corpus, out, args.window, args.label_batch, args.shard_windows,
+                       args.topk, minutes=args.text_minutes, max_shards=args.text_shards, features=args.text_features)
     print(json.dumps(teacher.summarize(out), indent=1))
 
 
@@ -74,9 +71,10 @@ def stage_features(args: argparse.Namespace) -> None:
 
 
 def stage_train(args: argparse.Namespace) -> None:
-    from specdec.distill.train import TrainConfig, reuse_freed_memory, train
+    from specdec.distill.recipe import TrainConfig, target_weights
+    from specdec.distill.train import recipe_for, reuse_freed_memory, train
 
-    reuse_freed_memory()  # this process only trains: 100+ MB activations come and go every step
+    reuse_freed_memory()  # this process only trains: large activations come and go every step
     config = TrainConfig(arch=args.arch, minutes=args.minutes, max_tokens=args.max_tokens, seq_len=args.seq_len,
                          batch_size=args.train_batch, lr=args.lr, draft_vocab=args.draft_vocab, seed=args.seed,
                          response_share=args.response_share, eval_every=args.eval_every, threads=args.threads,
@@ -85,24 +83,16 @@ def stage_train(args: argparse.Namespace) -> None:
     run = args.data / "runs" / args.name
     if args.init and args.arch != "mamba-feat":
         raise SystemExit("--init starts a mamba-feat run from an exported drafter; the other kinds train from scratch")
-    if args.arch == "mamba-feat":
-        from specdec.distill.feat import train_feat
-
-        train_feat(args.data / "teacher", run, config, _target(args, "float32").model)
-        return
-    if (run / "ckpt.pt").exists():  # resume: E was used on the fresh run only
+    if (run / "ckpt.pt").exists() and not recipe_for(args.arch).reads_target:  # resume: E was read on the fresh run
         train(args.data / "teacher", run, config, None, json.loads((run / "train_config.json").read_text())["vocab_size"])
         return
-    embedding = _target(args, "float32").model.get_input_embeddings().weight.detach().float()
-    train(args.data / "teacher", run, config, embedding, len(embedding))
+    embedding, head = target_weights(_target(args, "float32").model)
+    train(args.data / "teacher", run, config, embedding, len(embedding), head)
 
 
 def stage_evaluate(args: argparse.Namespace) -> None:
     from specdec.distill.evaluate import evaluate
-    from specdec.distill.feat import evaluate_feat, is_feat_run
 
-    if is_feat_run(args.data / "runs" / args.name):
-        evaluate = evaluate_feat
     report = evaluate(_target(args, "float32"), args.data / "teacher", args.data / "runs" / args.name,
                       args.engine_prompts, args.max_new_tokens_eval)
     print(json.dumps(report, indent=1))
@@ -110,12 +100,7 @@ def stage_evaluate(args: argparse.Namespace) -> None:
 
 def stage_export(args: argparse.Namespace) -> None:
     from specdec.distill.export import export
-    from specdec.distill.feat import export_feat, is_feat_run
 
-    run = args.data / "runs" / args.name
-    if is_feat_run(run):
-        print(f"exported to {export_feat(run, args.out or ASSETS / 'drafters' / args.name)}")
-        return
     folder = export(args.data / "runs" / args.name, args.out or ASSETS / "drafters" / args.name,
                     _target(args, "float32").tokenizer, args.data / "teacher")
     print(f"exported to {folder}")
@@ -135,8 +120,10 @@ def stage_compare(args: argparse.Namespace) -> None:
 
 
 def stage_all(args: argparse.Namespace) -> None:
+    from specdec.distill.train import recipe_for
+
     stages = (stage_corpus, stage_teacher, stage_features, stage_train, stage_evaluate, stage_export)
-    for stage in stages if args.arch == "mamba-feat" else [s for s in stages if s is not stage_features]:
+    for stage in stages if recipe_for(args.arch).reads_features else [s for s in stages if s is not stage_features]:
         stage(args)
 
 
@@ -157,8 +144,8 @@ def parser() -> argparse.ArgumentParser:
     teacher = p.add_argument_group("teacher")
     teacher.add_argument("--teacher-dtype", default="auto",
                          help="the teacher's (and the features') precision; auto: bfloat16 where the CPU multiplies it "
-                              "natively (AMX, AVX512-BF16), else float32 (emulated bf16 prefilled 5x slower on an "
-                              "AVX2 CPU)")
+                              "natively (AMX, AVX512-BF16), else float32, faster than emulated bf16 (docs/training.md, "
+                              "Precision)")
     teacher.add_argument("--batch-size", type=int, default=64)
     teacher.add_argument("--shard-prompts", type=int, default=64)
     teacher.add_argument("--max-new-tokens", type=int, default=128)

@@ -1,6 +1,7 @@
-"""Stage (d): measure a trained drafter on held-out prompts that training never saw.
+"""Stage (d): measure a trained drafter, of any recipe, on held-out prompts that training never saw.
 
-- teacher-forced greedy per-token acceptance on the target's held-out answers, per domain;
+- teacher-forced greedy per-token acceptance on the target's held-out answers (per domain, or with the real and
+  the guessed feature for the feature recipe);
 - coverage of the draft vocabulary V_d (no drafter can beat it under greedy decoding);
 - through the engine (`specdec.engine.generate`, greedy, chain of 4): acceptance rate, mean accepted length,
   tokens/s against target-only decoding, and whether the outputs are identical (they must be);
@@ -16,16 +17,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedModel
 
 from specdec.config import GenerationConfig
 from specdec.distill.corpus import read_prompts
-from specdec.distill.export import save_drafter
-from specdec.distill.teacher import Shard, load_shards
-from specdec.distill.train import greedy_acceptance, load_run
-from specdec.drafters.mamba import MambaDrafter, MambaState
+from specdec.distill.plugin import decode_step
+from specdec.distill.recipe import greedy_acceptance, target_weights
+from specdec.distill.teacher import Shard
+from specdec.distill.train import load_run, recipe_for
 from specdec.engine import generate
-from specdec.kvcache import TreeLM
 from specdec.models import LoadedModel, Models
 from specdec.records import Summary
 
@@ -36,25 +35,14 @@ def coverage(shards: list[Shard], draft_ids: torch.Tensor) -> float:
     return float(torch.isin(tokens, draft_ids).float().mean())
 
 
-def _ms_per_call(step: Callable[[], object], warmup: int = 5, calls: int = 40) -> float:
+@torch.inference_mode()
+def ms_per_call(step: Callable[[], object], warmup: int = 5, calls: int = 40) -> float:
     for _ in range(warmup):
         step()
     tick = time.perf_counter()
     for _ in range(calls):
         step()
     return (time.perf_counter() - tick) / calls * 1e3
-
-
-@torch.inference_mode()
-def step_latency_ms(model: PreTrainedModel, folder: Path | None, context: list[int]) -> float:
-    """One batch-1 decode step after `context`: the engine's Mamba step, or a KV-cached forward of one token."""
-    if model.config.model_type == "mamba":
-        drafter = MambaDrafter.from_folder(model, model.config.vocab_size, str(folder) if folder else None)
-        state, token = MambaState.zeros(model, 1), torch.tensor([context[-1]])
-        return _ms_per_call(lambda: drafter.step(token, state))
-    lm = TreeLM(model)
-    lm.feed(context)
-    return _ms_per_call(lambda: lm.feed([context[-1]]))
 
 
 def run_engine(models: Models, method: str, prompts: list, max_new_tokens: int) -> list[Summary]:
@@ -86,27 +74,30 @@ def engine_report(models: Models, kind: str, prompts: list, max_new_tokens: int)
 
 
 def evaluate(target: LoadedModel, teacher: Path, run: Path, prompts_per_domain: int, max_new_tokens: int) -> dict:
-    """Measure the run's last checkpoint; writes `run/eval.json` and the HF folder `run/hf` it was measured from."""
+    """Measure the run's last checkpoint; writes `run/eval.json` and the drafter folder it was measured from (the
+    recipe's `engine_drafter`)."""
     model, draft_ids, counters = load_run(run)
-    held_out = load_shards(teacher / "responses" / "eval")
+    recipe = recipe_for(counters["config"]["arch"], *target_weights(target.model))
+    held_out = recipe.load_shards(teacher / "responses" / "eval")
     report = {"counters": {k: v for k, v in counters.items() if k != "config"},
-              "teacher_forced": greedy_acceptance(model, held_out, draft_ids),
+              "teacher_forced": greedy_acceptance(recipe, model, held_out, draft_ids),
               "coverage": coverage(held_out, draft_ids)}
-    folder = save_drafter(model, draft_ids, target.tokenizer, run / "hf")
-    kind = "mamba" if model.config.model_type == "mamba" else "transformer"
-    if kind == "transformer":  # what an engine that ignores draft_vocab.json would get
-        report["teacher_forced_full_head"] = greedy_acceptance(model, held_out, torch.arange(model.config.vocab_size))
-    drafter = LoadedModel(run.name, model.float().eval(), target.tokenizer, str(folder))  # reads draft_vocab.json
+    if recipe.full_head_figure:  # what an engine that ignores draft_vocab.json would get
+        report["teacher_forced_full_head"] = greedy_acceptance(recipe, model, held_out,
+                                                               torch.arange(model.config.vocab_size))
+    drafter = recipe.engine_drafter(model, draft_ids, run, target)
     context = held_out[0]["tokens"][:64].tolist()
-    report["latency_ms"] = {"target_fp32": step_latency_ms(target.model, None, context),
-                            "drafter_fp32": step_latency_ms(drafter.model, folder, context),
-                            "drafter_bf16": step_latency_ms(model.to(torch.bfloat16), folder, context)}
+    latency = {"target_fp32": ms_per_call(decode_step(target.model, None, context))}
+    for name, dtype in (("drafter_fp32", torch.float32), ("drafter_bf16", torch.bfloat16)):
+        latency[name] = ms_per_call(recipe.decode_step(model.to(dtype), Path(drafter.source), target, context))
     model.float()
-    report["latency_ms"]["ratio_fp32"] = report["latency_ms"]["drafter_fp32"] / report["latency_ms"]["target_fp32"]
+    latency["ratio_fp32"] = latency["drafter_fp32"] / latency["target_fp32"]
+    latency["ratio_bf16"] = latency["drafter_bf16"] / latency["target_fp32"]
+    report["latency_ms"] = latency
     prompts = [p for domain_prompts in _by_domain(read_prompts(teacher.parent / "corpus", "eval")).values()
                for p in domain_prompts[:prompts_per_domain]]
-    models = Models.from_loaded(target, {"mamba" if kind == "mamba" else "transformer": drafter})
-    report["engine"] = engine_report(models, kind, prompts, max_new_tokens) if prompts else None
+    models = Models.from_loaded(target, {recipe.kind: drafter})
+    report["engine"] = engine_report(models, recipe.kind, prompts, max_new_tokens) if prompts else None
     (run / "eval.json").write_text(json.dumps(report, indent=1))
     return report
 

@@ -1,50 +1,45 @@
-"""Stage (e): a trained run as a Hugging Face folder (`from_pretrained`-loadable) with a model card.
+"""Stage (e): a trained run, of any recipe, as the drafter folder the engine loads, with a model card.
 
-The folder holds `config.json` + `model.safetensors` (bfloat16, tied embedding) and `draft_vocab.json` =
-{"token_ids": V_d}: the ids the draft head scores; the engine sets q = 0 elsewhere, which keeps speculative
-sampling exact. It holds no tokenizer: a drafter uses its target's (the engine then checks that the two score
-the same number of tokens), which keeps a 3.5 MB copy of the target's tokenizer out of every drafter folder.
+A plug-in drafter's folder is a Hugging Face folder (`from_pretrained`-loadable): `config.json` +
+`model.safetensors` (bfloat16, tied embedding); a feature drafter's holds its own weights only. Both hold
+`draft_vocab.json` = {"token_ids": V_d}: the ids the draft head scores; the engine sets q = 0 elsewhere, which
+keeps speculative sampling exact. Neither holds a tokenizer: a drafter uses its target's (the engine then checks
+that the two score the same number of tokens), which keeps a copy of the target's tokenizer out of every drafter
+folder.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
-import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from specdec.distill.corpus import DOMAINS
-from specdec.distill.train import load_run, read_segments
-
-
-def save_drafter(model: PreTrainedModel, draft_ids: torch.Tensor, tokenizer: PreTrainedTokenizerBase | None,
-                 folder: Path, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write the drafter in `dtype` (bf16 halves the folder; the engine casts to its run dtype)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    copy.deepcopy(model).to(dtype).save_pretrained(folder)  # the caller's model keeps its precision
-    if tokenizer is not None:
-        tokenizer.save_pretrained(folder)
-    (folder / "draft_vocab.json").write_text(json.dumps({"token_ids": draft_ids.tolist()}))
-    return folder
+from specdec.distill.recipe import Recipe
+from specdec.distill.train import load_run, read_segments, recipe_for
+from specdec.vocab import load_draft_vocab
 
 
 def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def _curve_table(run: Path, segments: list[dict]) -> str:
-    rows = ["| step | labelled tokens seen (with repeats) | unique training tokens | wall min | train loss "
-            "| held-out acceptance | per domain |", "|---:|---:|---:|---:|---:|---:|---|"]
+def _loss(point: dict) -> str:
+    return "-" if point["loss"] is None else f"{point['loss']:.3f}"  # None: a warm start's first point
+
+
+def _curve_table(recipe: Recipe, run: Path, segments: list[dict]) -> str:
+    headers = ["step", "window tokens seen", "wall min", "train loss", "labelled tokens seen (with repeats)",
+               "unique training tokens", *recipe.acceptance_headers]
+    rows = ["| " + " | ".join(headers) + " |", "|" + "---:|" * len(headers)]
     for line in (run / "curve.jsonl").read_text().splitlines():
         point = json.loads(line)
-        acc = point["acceptance"]
-        domains = ", ".join(f"{d} {v:.3f}" for d, v in acc.items() if d != "all")
         pool = [s["unique_labelled"] for s in segments if s["from_step"] < point["step"]][-1:]
-        rows.append(f"| {point['step']} | {point['labelled']:,} | {f'{pool[0]:,}' if pool else '-'} "
-                    f"| {point['wall_s'] / 60:.1f} | {point['loss']:.3f} | {acc.get('all', float('nan')):.3f} "
-                    f"| {domains} |")
+        cells = [str(point["step"]), f"{point['tokens']:,}", f"{point['wall_s'] / 60:.1f}", _loss(point),
+                 f"{point['labelled']:,}", f"{pool[0]:,}" if pool else "-",
+                 *recipe.acceptance_cells(point["acceptance"])]
+        rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
@@ -60,7 +55,7 @@ def _segments(run: Path, config: dict, teacher_summary: dict) -> list[dict]:
 
 
 def segment_data(seg: dict) -> str:
-    """What one training segment saw and ran on, as both kinds of card list it."""
+    """What one training segment saw and ran on."""
     parts = seg.get("part_shards", {})
     answers = seg.get("response_shards", 0) + sum(parts.values())
     share = f" at {seg['response_share']:.0%} of each batch" if answers and "response_share" in seg else ""
@@ -69,12 +64,11 @@ def segment_data(seg: dict) -> str:
             f"{seg['response_shards']}{more} answer shards{share}), {seg.get('threads') or 'all'} thread(s)")
 
 
-def _reproduce(name: str, config: dict, segments: list[dict]) -> str:
+def _reproduce(recipe: Recipe, name: str, config: dict, segments: list[dict]) -> str:
     """The commands that rebuild the run: per segment, the teacher data it saw, then its training budget."""
     parts = 1 + max((int(part) for seg in segments for part in seg.get("part_shards", {})), default=0)
     lines = ["python -m specdec.distill corpus" + (f" --parts {parts}" if parts > 1 else "")]
-    features = config["arch"] == "mamba-feat"  # its teacher data carries the target's features too
-    layers = config["tf_layers"] if config["arch"] == "transformer" else config["mamba_layers"]
+    features = recipe.reads_features  # its teacher data carries the target's features too
     for index, seg in enumerate(segments):
         sampled = (f" --sampled-passes {seg['sampled_passes']} --sampling-temperature {seg['sampling_temperature']:g} "
                    f"--sampled-shards {seg['sampled_shards']}" if seg.get("sampled_shards") else "")
@@ -86,7 +80,8 @@ def _reproduce(name: str, config: dict, segments: list[dict]) -> str:
             lines.append("python -m specdec.distill features")
         lines.append(f"python -m specdec.distill train --arch {config['arch']} --name {name} "
                      f"--minutes {seg['minutes']}" + (f" --max-tokens {seg['max_tokens']}" if seg['max_tokens'] else "")
-                     + f" --hidden {config['hidden']} --layers {layers} --draft-vocab {config['draft_vocab']} --response-share {seg['response_share']} "
+                     + f" --hidden {config['hidden']} --layers {recipe.layers(config)} "
+                     f"--draft-vocab {config['draft_vocab']} --response-share {seg['response_share']} "
                      f"--lr {seg['lr']} --seq-len {seg['seq_len']} --train-batch {seg['batch_size']} "
                      f"--eval-every {seg['eval_every']}"
                      + (f" --threads {seg['threads']}" if seg['threads'] else "")
@@ -94,26 +89,23 @@ def _reproduce(name: str, config: dict, segments: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _trend(run: Path, unique: int) -> str:
+def _trend(run: Path, unique: int, key: str) -> str:
     """One sentence on the learning curve's last quarter, read from `curve.jsonl`."""
     points = [json.loads(line) for line in (run / "curve.jsonl").read_text().splitlines()]
     if len(points) < 4:
         return ""
     a, b = points[-(len(points) // 4) - 1], points[-1]
-    gain = b["acceptance"]["all"] - a["acceptance"]["all"]
+    gain = b["acceptance"][key] - a["acceptance"][key]
     seen = (b["labelled"] - a["labelled"]) / unique
     where = "still rising" if gain > 0.005 else "flat"
     return (f"Over the last quarter of the curve ({seen:.1f} passes over the {unique:,} unique training tokens) "
             f"held-out acceptance moved {gain:+.3f} ({where}) while the training loss went "
-            f"{a['loss']:.3f} -> {b['loss']:.3f}.")
+            f"{_loss(a)} -> {_loss(b)}.")
 
 
-def _measured_table(report: dict) -> str:
-    rows = ["| measure | value |", "|---|---|"]
-    tf = report["teacher_forced"]
-    rows.append(f"| greedy per-token acceptance, teacher-forced on held-out answers | {tf['all']:.3f} "
-                f"({', '.join(f'{d} {v:.3f}' for d, v in tf.items() if d != 'all')}) |")
-    rows.append(f"| draft-vocabulary coverage of the target's greedy tokens (upper bound) | {report['coverage']:.3f} |")
+def _measured_table(recipe: Recipe, report: dict) -> str:
+    rows = ["| measure | value |", "|---|---|", *recipe.teacher_forced_rows(report["teacher_forced"]),
+            f"| draft-vocabulary coverage of the target's greedy tokens (upper bound) | {report['coverage']:.3f} |"]
     engine = report.get("engine")
     if engine:
         rows.append(f"| engine `{engine['method']}` tree {engine['tree']}, greedy: acceptance rate | "
@@ -125,16 +117,17 @@ def _measured_table(report: dict) -> str:
                     f"{engine['identical']} |")
     lat = report["latency_ms"]
     rows.append(f"| step latency, batch 1: drafter fp32 / bf16 vs target fp32 | {lat['drafter_fp32']:.2f} / "
-                f"{lat['drafter_bf16']:.2f} ms vs {lat['target_fp32']:.2f} ms (ratio {lat['ratio_fp32']:.3f}) |")
+                f"{lat['drafter_bf16']:.2f} ms vs {lat['target_fp32']:.2f} ms "
+                f"(ratio {lat['drafter_fp32'] / lat['target_fp32']:.3f}) |")
     return "\n".join(rows)
 
 
 def model_card(name: str, run: Path, report: dict, counters: dict, teacher_summary: dict, size: int,
                params: int) -> str:
-    """A short card: data, tokens, steps, wall time, measured acceptance and the learning curve."""
+    """A short card: what the drafter is, its data, budget, measured acceptance and learning curve, and the
+    commands that rebuild it; the recipe (the run's `arch`) writes what is its own."""
     config = counters["config"]
-    arch = "Mamba" if config["arch"] == "mamba" else "Llama-style Transformer"
-    layers = config["mamba_layers"] if config["arch"] == "mamba" else config["tf_layers"]
+    recipe = recipe_for(config["arch"])
     data = "\n".join(f"- `{k}`: {v['labelled_tokens']:,} labelled tokens in {v['shards']} shards"
                      + (f" ({v['answer_tokens']:,} in the target's answers, the rest in prompts)"
                         if k.startswith("responses") else "") for k, v in teacher_summary.items())
@@ -143,16 +136,12 @@ def model_card(name: str, run: Path, report: dict, counters: dict, teacher_summa
     budgets = "; then ".join(f"{s['minutes']} min / " + (f"{s['max_tokens']:,}" if s["max_tokens"] else "no")
                              + f" token cap on {segment_data(s)}"
                              + (f" (from step {s['from_step']:,})" if s["from_step"] else "") for s in segments)
-    acceptance = report["teacher_forced"]["all"]
+    acceptance = report["teacher_forced"][recipe.headline]
     status = ("meets" if acceptance >= 0.7 else "is below") + " the project's figure of 0.70 greedy acceptance"
     engine = report.get("engine") or {}
     return f"""# {name}
 
-A {arch} drafter ({params / 1e6:.1f}M parameters: d_model {config['hidden']}, {layers} layers, tied embedding
-initialised from an SVD projection of the target's) distilled from **SmolLM2-135M-Instruct** for speculative
-decoding with the `specdec` engine. The draft head scores {len(json.loads((run / 'draft_vocab.json').read_text())['token_ids']):,}
-token ids (`draft_vocab.json`, the target's most frequent greedy tokens); q is 0 elsewhere.
-Weights in bfloat16 ({size / 2**20:.1f} MiB folder).
+{recipe.describe(config, len(load_draft_vocab(str(run))), params, size)}
 
 ## Data (teacher: the target itself, bf16, top-{config.get('topk', 8)} log-probabilities)
 {data}
@@ -165,7 +154,7 @@ source and documentation labelled with one target pass.
 Held-out prompts (16 per domain) and their sources never appear in training.
 
 ## Training
-Loss H(p, q) on the target's top-k (restricted to the draft vocabulary), AdamW, lr {config['lr']}, batch
+{recipe.describe_loss()} AdamW, lr {config['lr']}, batch
 {config['batch_size']} x {config['seq_len']} tokens (target answers at each segment's share, the rest labelled text),
 on a 2-core machine shared with other jobs.
 Budget{' (the run was continued on more data)' if len(segments) > 1 else ''}: {budgets}.
@@ -174,17 +163,18 @@ Spent: {counters['step']:,} steps, {counters['tokens']:,} window tokens ({counte
 {unique:,} unique labelled training tokens it ends with.
 
 ## Status
-Held-out greedy acceptance {acceptance:.3f} {status}. {_trend(run, unique)}
+Held-out greedy acceptance {acceptance:.3f} {status}. {_trend(run, unique, recipe.headline)}
 
 ## Measured (held-out prompts)
-{_measured_table(report)}
+{_measured_table(recipe, report)}
 
 ## Learning curve (held-out greedy acceptance vs teacher tokens seen)
-{_curve_table(run, segments)}
+{_curve_table(recipe, run, segments)}
 
 ## Reproduce
+One group of teacher and training commands per training segment (a resumed run continues with more data):
 ```
-{_reproduce(name, config, segments)}
+{_reproduce(recipe, name, config, segments)}
 python -m specdec.distill evaluate --name {name} --engine-prompts {engine.get('prompts', 0) // len(DOMAINS)} --max-new-tokens-eval {engine.get('max_new_tokens', 0)}
 python -m specdec.distill export --name {name}
 ```
@@ -194,15 +184,13 @@ python -m specdec.distill export --name {name}
 def export(run: Path, folder: Path, tokenizer: PreTrainedTokenizerBase, teacher: Path) -> Path:
     """Write the run's drafter and its card into `folder` (e.g. assets/drafters/<name>), without a tokenizer.
 
-    `tokenizer` is the target's: the drafter must score every one of its tokens.
+    `tokenizer` is the target's, which the run must fit (`Recipe.check_target`).
     """
     model, draft_ids, counters = load_run(run)
-    width = model.get_output_embeddings().weight.shape[0]
-    if width < len(tokenizer):
-        raise SystemExit(f"run {run.name!r} scores {width} tokens but the target's tokenizer has {len(tokenizer)}; "
-                         "it was not trained for this target")
+    recipe = recipe_for(counters["config"]["arch"])
+    recipe.check_target(model, tokenizer, run)
     params = sum(p.numel() for p in model.parameters())
-    save_drafter(model, draft_ids, None, folder)
+    recipe.save(model, draft_ids, folder)
     report = json.loads((run / "eval.json").read_text())
     summary = json.loads((teacher / "teacher_summary.json").read_text())
     card = model_card(folder.name, run, report, counters, summary, folder_bytes(folder), params)

@@ -7,12 +7,15 @@ Two sources, both written as the same `Shard` layout so training reads them alik
   `responses/train-partK/`; sampled passes over the first part's training prompts (`temperature` > 0, one folder
   per pass, `responses/train-t<T>-<pass>/`) give more, different answers to the same prompts: the labels stay the
   target's untempered top-k at every position, only the path through the answer changes;
-- `label_text`: raw text labelled with one target forward pass (~5x cheaper per token than generating).
+- `label_text`: raw text labelled with one target forward pass per window (generating takes one per token);
+  with `features`, the same pass also keeps the target's last hidden state at every position, beside the shard
+  (`features_path`), for the drafter that reads it (`--arch mamba-feat`).
 
 Shard layout (flat over the shard's sequences; position t holds `p(· | tokens[:t+1])`, the next-token law):
   tokens [N] int32, label [N] bool (answer positions, where drafting happens), known [N] bool (positions with a
   top-k: answers, and prompts labelled by the prefill), topk_ids [N, k] int32, topk_logp [N, k] float16,
   starts [S+1] int64, domains [S] (one per sequence), split "train" | "eval".
+Features, where kept: `features_XXXXX.pt` beside `shard_XXXXX.pt`, [N, D] bfloat16.
 """
 
 from __future__ import annotations
@@ -39,8 +42,8 @@ def top_k_logp(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
     return ids.to(torch.int32), values.to(torch.float16)
 
 
-def save_shard(path: Path, shard: Shard) -> None:
-    """Atomic write, so a stopped run never leaves half a shard behind."""
+def save_shard(path: Path, shard: Shard | torch.Tensor) -> None:
+    """Atomic write (of a shard or its features), so a stopped run never leaves half a file behind."""
     tmp = path.with_suffix(".tmp")
     torch.save(shard, tmp)
     os.replace(tmp, path)
@@ -48,6 +51,17 @@ def save_shard(path: Path, shard: Shard) -> None:
 
 def load_shards(folder: Path) -> list[Shard]:
     return [torch.load(p, weights_only=False) for p in sorted(folder.glob("shard_*.pt"))]
+
+
+def features_path(shard: Path) -> Path:
+    """Where the target's features of the shard at `shard` are kept."""
+    return shard.with_name(shard.name.replace("shard_", "features_"))
+
+
+@torch.inference_mode()
+def target_hidden(model: PreTrainedModel, ids: torch.Tensor) -> torch.Tensor:
+    """The target's last hidden state (what its output layer scores) of [B, L] ids -> [B, L, D]."""
+    return model.base_model(input_ids=ids).last_hidden_state
 
 
 def _pack(sequences: list[dict], split: str, k: int) -> Shard:
@@ -147,7 +161,7 @@ def _interleave(prompts: list[Prompt]) -> list[Prompt]:
     return [group[i] for i in range(longest) for group in by_domain if i < len(group)]
 
 
-def _shards_of(items: list, size: int) -> Iterator[tuple[int, list]]:
+def shards_of(items: list, size: int) -> Iterator[tuple[int, list]]:
     for index, start in enumerate(range(0, len(items), size)):
         yield index, items[start:start + size]
 
@@ -191,13 +205,13 @@ def generate_responses(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBas
     folder = out / "responses" / name
     folder.mkdir(parents=True, exist_ok=True)
     prompts = _interleave(read_prompts(corpus, split, part))
-    shards = list(_shards_of(prompts, shard_prompts))[:max_shards]
+    shards = list(shards_of(prompts, shard_prompts))[:max_shards]
     start, written = time.monotonic(), 0
     for path, group, bar in _pending(folder, shards, minutes, f"teacher responses ({name})"):
         index = int(path.stem.split("_")[1])
         generator = torch.Generator().manual_seed(1_000_003 * (sampled_pass + 1) + index) if temperature > 0 else None
         group = sorted(group, key=lambda p: len(p.text))  # similar lengths share a batch: less padding
-        sequences = [seq for _, batch in _shards_of(group, batch_size)
+        sequences = [seq for _, batch in shards_of(group, batch_size)
                      for seq in generate_batch(model, tokenizer, batch, max_new_tokens, k, temperature, generator)]
         shard = _pack(sequences, split, k)
         save_shard(path, shard)
@@ -240,9 +254,14 @@ def _pending(folder: Path, shards: list, minutes: float | None, desc: str) -> It
 
 
 @torch.inference_mode()
-def label_windows(model: PreTrainedModel, windows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """One target forward over [B, L] token windows: top-k of log p at every position."""
-    return top_k_logp(model(input_ids=windows).logits, k)  # [B, L, k] twice
+def label_windows(model: PreTrainedModel, windows: torch.Tensor, k: int,
+                  features: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One target forward over [B, L] token windows: top-k of log p at every position ([B, L, k] twice) and, with
+    `features`, the last hidden state [B, L, D] the output layer scored (else None)."""
+    if not features:
+        return *top_k_logp(model(input_ids=windows).logits, k), None
+    hidden = target_hidden(model, windows)
+    return *top_k_logp(model.get_output_embeddings()(hidden), k), hidden
 
 
 def text_windows(tokenizer: PreTrainedTokenizerBase, corpus: Path, length: int) -> list[tuple[str, torch.Tensor]]:
@@ -257,20 +276,26 @@ def text_windows(tokenizer: PreTrainedTokenizerBase, corpus: Path, length: int) 
 
 def label_text(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, corpus: Path, out: Path,
                window: int, batch_size: int, shard_windows: int, k: int, minutes: float | None = None,
-               max_shards: int | None = None) -> int:
-    """Write `out/text/shard_*.pt` (resumable): raw text with the target's top-k at every position."""
+               max_shards: int | None = None, features: bool = False) -> int:
+    """Write `out/text/shard_*.pt` (resumable): raw text with the target's top-k at every position; with
+    `features`, the target's features of the same pass beside each shard too."""
     folder = out / "text"
     folder.mkdir(parents=True, exist_ok=True)
     windows = text_windows(tokenizer, corpus, window)
     start, written = time.monotonic(), 0
-    shards = list(_shards_of(windows, shard_windows))[:max_shards]
-    for path, group, bar in _pending(folder, shards, minutes, "teacher text labels"):
-        sequences = []
-        for _, batch in _shards_of(group, batch_size):
-            ids, logp = label_windows(model, torch.stack([w for _, w in batch]), k)
+    shards = list(shards_of(windows, shard_windows))[:max_shards]
+    desc = "teacher text labels + features" if features else "teacher text labels"
+    for path, group, bar in _pending(folder, shards, minutes, desc):
+        sequences, hidden = [], []
+        for _, batch in shards_of(group, batch_size):
+            ids, logp, h = label_windows(model, torch.stack([w for _, w in batch]), k, features)
             everywhere = torch.ones(window, dtype=torch.bool)
             sequences += [{"tokens": w, "label": everywhere, "known": everywhere, "topk_ids": ids[i],
                            "topk_logp": logp[i], "domain": domain} for i, (domain, w) in enumerate(batch)]
+            if features:
+                hidden += [row.to(torch.bfloat16) for row in h]
+        if features:  # before the shard: a shard on disk has its features
+            save_shard(features_path(path), torch.cat(hidden))
         save_shard(path, _pack(sequences, "train", k))
         written += window * len(group)
         bar.set_postfix(tok_s=f"{written / (time.monotonic() - start):.0f}", labels=written)

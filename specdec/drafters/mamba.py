@@ -1,21 +1,21 @@
-"""Mamba drafter with batch-cache tree drafting (PAPER.md, step 1).
+"""Mamba drafter with batch-cache tree drafting (docs/method.md, "1. Draft a tree").
 
 Glossary (Mamba paper / mamba-minimal):
     B       batch rows (one per tree node being stepped)
     d       model width (hidden_size)         d_in  inner width (expand * d)
     K       conv kernel width                 N     SSM state size
-    Δ (dt)  input-dependent step size         A, B, C, D  SSM parameters (B, C input-dependent)
-    s_t     the per-layer state: conv window [d_in, K] and SSM state [d_in, N]
+    s_t     the per-layer state: conv window [d_in, K] and SSM state [d_in, N] (`specdec.drafters.mixer`)
 
 The whole context of a sequence is its state `s_t`, so a tree is drafted by copying the parent's state into
 one batch row per child and stepping every node of a depth in one batched call. The state of every drafted
 node is kept in buffers allocated once per generation (row 0 is the root), so catching up after
 verification is a row selection plus one step for the target's correction/bonus token.
 
-`mixer_step_ref` is the readable PyTorch step; on CUDA, when `mamba_ssm` and `causal_conv1d` import,
-their fused single-step kernels are used instead (tests check the two agree where a GPU exists). On CUDA the
-step is replayed from CUDA graphs, one per batch size (`specdec.drafters.cuda_graph`); `step_eager` is the
-reference, and `cuda_graphs=False` or SPECDEC_CUDA_GRAPHS=0 turns the graphs off.
+Each layer's mixer steps with `specdec.drafters.mixer.mixer_step_ref`, in readable PyTorch; on CUDA, when
+`mamba_ssm` and `causal_conv1d` import, with its twin `mixer_step_kernel`, which runs their fused single-step
+kernels (tests check the two agree where a GPU exists). On CUDA the step is replayed from CUDA graphs, one per
+batch size (`specdec.drafters.cuda_graph`); `step_eager` is the reference, and `cuda_graphs=False` or
+SPECDEC_CUDA_GRAPHS=0 turns the graphs off.
 """
 
 from __future__ import annotations
@@ -24,20 +24,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from transformers import MambaForCausalLM
 
 from specdec.drafters.base import Drafter, DraftTree, Sampler, TreeBuilder
 from specdec.drafters.cuda_graph import graphs_enabled, shared_graphs
+from specdec.drafters.mixer import kernels_available, mixer_step_kernel, mixer_step_ref
 from specdec.models import LoadedModel, load_drafter_model
 from specdec.tree import TreeShape
 from specdec.vocab import fit_vocab, load_draft_vocab, scatter_head
-
-try:  # GPU kernels; absent (or failing to import) without CUDA
-    from causal_conv1d import causal_conv1d_update as _conv_update_kernel
-    from mamba_ssm.ops.triton.selective_state_update import selective_state_update as _ssm_update_kernel
-except Exception:  # noqa: BLE001 - any import failure means "no kernels"
-    _conv_update_kernel = _ssm_update_kernel = None
 
 
 @dataclass
@@ -65,43 +59,6 @@ class MambaState:
     @property
     def nbytes(self) -> int:
         return self.conv.nbytes + self.ssm.nbytes
-
-
-def mixer_step_ref(mixer, x: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:
-    """One recurrent step of a Mamba mixer; x: [B, d]; conv [B, d_in, K] and ssm [B, d_in, N] updated in place."""
-    x_in, z = mixer.in_proj(x).float().chunk(2, dim=-1)  # [B, d_in] each
-    conv.copy_(torch.roll(conv, shifts=-1, dims=-1))
-    conv[:, :, -1] = x_in
-    x_c = (conv * mixer.conv1d.weight[:, 0, :].float()).sum(-1)  # [B, d_in]
-    if mixer.conv1d.bias is not None:
-        x_c = x_c + mixer.conv1d.bias.float()
-    x_c = mixer.act(x_c)
-    R, N = mixer.time_step_rank, mixer.ssm_state_size
-    dt, B, C = torch.split(mixer.x_proj(x_c.to(x.dtype)).float(), [R, N, N], dim=-1)  # [B, R], [B, N], [B, N]
-    dt = F.softplus(dt @ mixer.dt_proj.weight.float().T + mixer.dt_proj.bias.float())  # Δ: [B, d_in]
-    A = -torch.exp(mixer.A_log.float())  # [d_in, N]
-    ssm.copy_(ssm * torch.exp(dt[..., None] * A) + (dt * x_c)[..., None] * B[:, None, :])  # s_t = Ā s_{t-1} + B̄ x
-    y = (ssm @ C[..., None]).squeeze(-1) + mixer.D.float() * x_c  # [B, d_in]
-    y = y * F.silu(z)
-    return mixer.out_proj(y.to(x.dtype))  # [B, d]
-
-
-def mixer_step_kernel(mixer, x: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:
-    """`mixer_step_ref` with the fused CUDA kernels of causal_conv1d and mamba_ssm."""
-    x_in, z = mixer.in_proj(x).float().chunk(2, dim=-1)
-    bias = mixer.conv1d.bias.float() if mixer.conv1d.bias is not None else None
-    x_c = _conv_update_kernel(x_in, conv, mixer.conv1d.weight[:, 0, :].float(), bias, "silu")
-    R, N = mixer.time_step_rank, mixer.ssm_state_size
-    dt, B, C = torch.split(mixer.x_proj(x_c.to(x.dtype)).float(), [R, N, N], dim=-1)
-    dt = dt @ mixer.dt_proj.weight.float().T
-    A = -torch.exp(mixer.A_log.float())
-    y = _ssm_update_kernel(ssm, x_c, dt, A, B, C, mixer.D.float(), z=z, dt_bias=mixer.dt_proj.bias.float(),
-                           dt_softplus=True)
-    return mixer.out_proj(y.to(x.dtype))
-
-
-def kernels_available(device: torch.device) -> bool:
-    return device.type == "cuda" and _ssm_update_kernel is not None and _conv_update_kernel is not None
 
 
 def draft_tree(root: int, root_logits: torch.Tensor, buffers: MambaState, shape: TreeShape, sampler: Sampler,

@@ -9,7 +9,7 @@ target's last hidden state `f` (after its final norm, the vector its output laye
     q_p      = softmax(f̂_p H_d^T)                        H_d: the target's output layer, draft-vocabulary rows
 
 so the drafter predicts the target's feature and reuses the target's embedding and output layer: it ships only
-W_in, the Mamba layers and W_out (a few MB).
+W_in, the Mamba layers and W_out.
 
 Which feature each step reads:
 - the prompt and every accepted token: the target's real `f` of the position before. The verification pass
@@ -32,14 +32,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import MambaConfig
 from transformers.models.mamba.modeling_mamba import MambaBlock, MambaRMSNorm
 
 from specdec.drafters.base import Drafter, DraftTree, Sampler
-from specdec.drafters.mamba import MambaState, deepest_stepped, draft_tree, mixer_step_ref
+from specdec.drafters.mamba import MambaState, deepest_stepped, draft_tree
+from specdec.drafters.mixer import mixer_sequence, mixer_step_ref
 from specdec.models import LoadedModel, load_feat_drafter
 from specdec.tree import TreeShape
 from specdec.vocab import load_draft_vocab, scatter_head
@@ -250,27 +250,3 @@ class MambaFeatDrafter(Drafter):
 
 def scores_to_logits(scores: torch.Tensor, head_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return scatter_head(scores, head_ids, vocab_size)
-
-
-@torch.inference_mode()
-def mixer_sequence(mixer, hidden: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """A Mamba mixer over a whole sequence from a zero state, [1, l, d] -> (out [1, l, d], (conv [1, d_in, K],
-    ssm [1, d_in, N]) states after the last token), in float32 like `mixer_step_ref`."""
-    length, K = hidden.shape[1], mixer.conv_kernel_size
-    x, gate = mixer.in_proj(hidden).float().transpose(1, 2).chunk(2, dim=1)  # [1, d_in, l]
-    conv_state = F.pad(x, (max(K - length, 0), 0))[..., -K:]  # the last K inputs, zero-padded on the left
-    weight = mixer.conv1d.weight.float()
-    bias = mixer.conv1d.bias.float() if mixer.conv1d.bias is not None else None
-    x = mixer.act(F.conv1d(x, weight, bias, padding=K - 1, groups=x.shape[1])[..., :length])  # [1, d_in, l]
-    R, N = mixer.time_step_rank, mixer.ssm_state_size
-    dt, B, C = torch.split(mixer.x_proj(x.transpose(1, 2).to(hidden.dtype)).float(), [R, N, N], dim=-1)
-    dt = F.softplus(dt @ mixer.dt_proj.weight.float().T + mixer.dt_proj.bias.float())  # [1, l, d_in]
-    A = -torch.exp(mixer.A_log.float())  # [d_in, N]
-    s = x.new_zeros(1, x.shape[1], N)
-    ys = []
-    for t in range(length):
-        s = s * torch.exp(dt[:, t, :, None] * A) + (dt[:, t] * x[:, :, t])[..., None] * B[:, t, None, :]
-        ys.append((s @ C[:, t, :, None]).squeeze(-1))  # [1, d_in]
-    y = torch.stack(ys, dim=-1) + mixer.D.float()[:, None] * x  # [1, d_in, l]
-    y = y * F.silu(gate)
-    return mixer.out_proj(y.transpose(1, 2).to(hidden.dtype)), (conv_state, s)

@@ -8,51 +8,27 @@ Screenshots go to artifacts/presenter-*.png and artifacts/replay-*.png.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 import app
 from demo.replay import load_replay
-from tests.app_process import app_process, free_port
+from tests.app_process import app_process, served
 from tests.test_app_client import fake_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts"
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SIZES = [(1440, 900), (1920, 1080)]
 CODE_RUN = "Code: a Python function (greedy)"
 SUMMARY_RUN = "Summary with the lookup branch (greedy)"
 
 
-def missing(reason: str) -> None:
-    """Skip on a developer machine; fail in CI, where the browser must be there."""
-    required = os.environ.get("CI") or os.environ.get("SPECDEC_REQUIRE_BROWSER") == "1"  # as in test_browser.py
-    (pytest.fail if required else pytest.skip)(reason)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api")
-    if not os.path.exists(CHROMIUM):
-        missing(f"{CHROMIUM} is missing; run scripts/ensure_chromium.sh")
-    with sync_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield chromium
-        chromium.close()
-
-
 @pytest.fixture(scope="module")
 def live_url():
     """The full app in-process, `demo.fake` standing in for the engine."""
-    blocks = app.build_app(fake_engine(delay=0.005))
-    port = free_port()
-    blocks.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    yield f"http://127.0.0.1:{port}/"
-    blocks.close()
+    with served(app.build_app(fake_engine(delay=0.005))) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

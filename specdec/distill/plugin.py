@@ -1,0 +1,174 @@
+"""The plug-in recipes (`--arch mamba`, `--arch transformer`): a small LM of its own that reads tokens only.
+
+The drafter is a Mamba or a Llama-style Transformer with a tied embedding, initialised from an SVD projection of
+the target's `E`, trained on H(p, q) over its draft vocabulary V_d (`specdec.distill.recipe`), and saved as a
+Hugging Face folder (`from_pretrained`-loadable) with `draft_vocab.json`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+from transformers import (LlamaConfig, LlamaForCausalLM, MambaConfig, MambaForCausalLM, PreTrainedModel,
+                          PreTrainedTokenizerBase)
+
+from specdec.distill.recipe import Answer, Recipe, TrainConfig, choose_draft_vocab, distill_loss
+from specdec.distill.teacher import Shard
+from specdec.drafters.mamba import MambaDrafter, MambaState
+from specdec.drafters.mixer import mixer_forward
+from specdec.kvcache import TreeLM
+from specdec.models import LoadedModel
+
+
+def build_drafter(config: TrainConfig, vocab_size: int) -> PreTrainedModel:
+    """A small Mamba or Llama-style drafter with a tied embedding; the two have comparable parameter counts."""
+    if config.arch == "mamba":
+        return MambaForCausalLM(MambaConfig(vocab_size=vocab_size, hidden_size=config.hidden, state_size=16,
+                                            num_hidden_layers=config.mamba_layers, expand=2, conv_kernel=4,
+                                            use_mambapy=True, tie_word_embeddings=True, bos_token_id=1,
+                                            eos_token_id=2, pad_token_id=2))
+    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab_size, hidden_size=config.hidden,
+                                        intermediate_size=2 * config.hidden, num_hidden_layers=config.tf_layers,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
+                                        rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1,
+                                        eos_token_id=2, pad_token_id=2))
+
+
+def project_embedding(target_embedding: torch.Tensor, dim: int, std: float = 0.02) -> torch.Tensor:
+    """E V_dim: the target's [V, D] embedding on its top-`dim` right singular vectors, [V, dim], scaled to `std`.
+
+    The geometry (which tokens are close) is the target's; the scale is a fresh model's, so the tied output
+    head starts near uniform instead of confidently wrong.
+    """
+    weight = target_embedding.float()
+    _, _, vh = torch.linalg.svd(weight, full_matrices=False)  # vh [D, D]
+    projected = weight @ vh[:dim].T  # [V, dim]
+    return projected * (std / projected.std())
+
+
+def mamba_hidden(model: MambaForCausalLM, input_ids: torch.Tensor) -> torch.Tensor:
+    """Final hidden states [b, l, d] of a Mamba LM, as `model.backbone` computes them but trainable on a CPU."""
+    backbone = model.backbone
+    h = backbone.embeddings(input_ids)
+    for block in backbone.layers:
+        h = h + mixer_forward(block.mixer, block.norm(h))
+    return backbone.norm_f(h)
+
+
+def draft_logits(model: PreTrainedModel, input_ids: torch.Tensor, draft_ids: torch.Tensor) -> torch.Tensor:
+    """Drafter logits over V_d only: final hidden state times the V_d rows of the tied embedding, [B, L, |V_d|]."""
+    if model.config.model_type == "mamba":
+        hidden = mamba_hidden(model, input_ids)  # [B, L, d]
+    else:
+        hidden = model.base_model(input_ids=input_ids).last_hidden_state  # [B, L, d]
+    head = model.get_output_embeddings().weight[draft_ids]  # [|V_d|, d]
+    return hidden @ head.T
+
+
+def save_drafter(model: PreTrainedModel, draft_ids: torch.Tensor, tokenizer: PreTrainedTokenizerBase | None,
+                 folder: Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Write the drafter in `dtype` (bf16 halves the folder; the engine casts to its run dtype)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    copy.deepcopy(model).to(dtype).save_pretrained(folder)  # the caller's model keeps its precision
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    (folder / "draft_vocab.json").write_text(json.dumps({"token_ids": draft_ids.tolist()}))
+    return folder
+
+
+@torch.inference_mode()
+def decode_step(model: PreTrainedModel, folder: Path | None, context: list[int]) -> Callable[[], object]:
+    """One batch-1 decode step after `context`: the engine's Mamba step (its head from `folder`'s
+    `draft_vocab.json`), or a KV-cached forward of one token."""
+    if model.config.model_type == "mamba":
+        drafter = MambaDrafter.from_folder(model, model.config.vocab_size, str(folder) if folder else None)
+        state, token = MambaState.zeros(model, 1), torch.tensor([context[-1]])
+        return lambda: drafter.step(token, state)
+    lm = TreeLM(model)
+    lm.feed(context)
+    return lambda: lm.feed([context[-1]])
+
+
+class PlugIn(Recipe):
+    eval_batch = 16
+    acceptance_headers = ("held-out acceptance", "per domain")
+
+    def __init__(self, kind: str, target_embedding: torch.Tensor | None = None) -> None:
+        """`target_embedding`: the target's E, which initialises a fresh run's embedding (random without it)."""
+        self.kind, self.target_embedding = kind, target_embedding
+        self.full_head_figure = kind == "transformer"
+
+    # --- training ---------------------------------------------------------------------------------------------
+    def fresh(self, config: TrainConfig, shards: list[Shard], vocab_size: int) -> tuple[PreTrainedModel, torch.Tensor]:
+        model = build_drafter(config, vocab_size)
+        if self.target_embedding is not None:
+            model.get_input_embeddings().weight.data.copy_(project_embedding(self.target_embedding, config.hidden))
+        return model, choose_draft_vocab(shards, config.draft_vocab, vocab_size)
+
+    def restore(self, saved: dict) -> PreTrainedModel:
+        return build_drafter(TrainConfig(**{k: v for k, v in saved.items() if k != "vocab_size"}), saved["vocab_size"])
+
+    def loss(self, model: PreTrainedModel, batch: tuple[torch.Tensor, ...], draft_ids: torch.Tensor,
+             lut: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        ids, label, topk_ids, topk_logp = batch
+        return distill_loss(draft_logits(model, ids, draft_ids), label, topk_ids, topk_logp, lut)
+
+    def greedy(self, model: PreTrainedModel, batch: list[Answer],
+               draft_ids: torch.Tensor) -> Iterator[tuple[str, Answer, torch.Tensor]]:
+        """Per domain and over `all`."""
+        ids = torch.full((len(batch), max(len(a.tokens) for a in batch)), 2, dtype=torch.long)  # [B, W]
+        for row, answer in enumerate(batch):  # right padding never reaches earlier positions
+            ids[row, :len(answer.tokens)] = answer.tokens
+        guess = draft_ids[draft_logits(model, ids, draft_ids).argmax(-1)]  # [B, W]
+        for row, answer in enumerate(batch):
+            yield answer.domain, answer, guess[row, answer.drafted]
+            yield "all", answer, guess[row, answer.drafted]
+
+    # --- evaluation and export ----------------------------------------------------------------------------------
+    def save(self, model: PreTrainedModel, draft_ids: torch.Tensor, folder: Path,
+             tokenizer: PreTrainedTokenizerBase | None = None) -> Path:
+        return save_drafter(model, draft_ids, tokenizer, folder)
+
+    def engine_drafter(self, model: PreTrainedModel, draft_ids: torch.Tensor, run: Path,
+                       target: LoadedModel) -> LoadedModel:
+        """The model in memory in float32, beside its HF folder `run/hf` (which carries the target's tokenizer)."""
+        folder = self.save(model, draft_ids, run / "hf", target.tokenizer)
+        return LoadedModel(run.name, model.float().eval(), target.tokenizer, str(folder))  # reads draft_vocab.json
+
+    def decode_step(self, model: PreTrainedModel, folder: Path, target: LoadedModel,
+                    context: list[int]) -> Callable[[], object]:
+        return decode_step(model, folder, context)
+
+    def check_target(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, run: Path) -> None:
+        """The drafter must score every one of the target tokenizer's tokens."""
+        width = model.get_output_embeddings().weight.shape[0]
+        if width < len(tokenizer):
+            raise SystemExit(f"run {run.name!r} scores {width} tokens but the target's tokenizer has "
+                             f"{len(tokenizer)}; it was not trained for this target")
+
+    def layers(self, config: dict) -> int:
+        return config["tf_layers"] if self.kind == "transformer" else config["mamba_layers"]
+
+    # --- the model card -----------------------------------------------------------------------------------------
+    def describe(self, config: dict, vocab: int, params: int, size: int) -> str:
+        arch = "Mamba" if self.kind == "mamba" else "Llama-style Transformer"
+        return f"""A {arch} drafter ({params / 1e6:.1f}M parameters: d_model {config['hidden']}, {self.layers(config)} layers,
+tied embedding initialised from an SVD projection of the target's) distilled from **SmolLM2-135M-Instruct** for
+speculative decoding with the `specdec` engine. The draft head scores {vocab:,} token ids (`draft_vocab.json`,
+the target's most frequent greedy tokens); q is 0 elsewhere. Weights in bfloat16 ({size / 2**20:.1f} MiB folder)."""
+
+    def describe_loss(self) -> str:
+        return "Loss H(p, q) on the target's top-k (restricted to the draft vocabulary),"
+
+    def teacher_forced_rows(self, acceptance: dict[str, float]) -> list[str]:
+        domains = ", ".join(f"{d} {v:.3f}" for d, v in acceptance.items() if d != "all")
+        return [f"| greedy per-token acceptance, teacher-forced on held-out answers | {acceptance['all']:.3f} "
+                f"({domains}) |"]
+
+    def acceptance_cells(self, acceptance: dict[str, float]) -> list[str]:
+        return [f"{acceptance.get('all', float('nan')):.3f}",
+                ", ".join(f"{d} {v:.3f}" for d, v in acceptance.items() if d != "all")]

@@ -1,0 +1,214 @@
+"""The Mamba mixer (a Hugging Face `MambaMixer`'s weights), written once as small functions.
+
+Glossary (Mamba paper / mamba-minimal):
+    b, B    batch rows                        l     sequence length
+    d       model width (hidden_size)         d_in  inner width (expand * d)
+    K       conv kernel width                 N     SSM state size        R  rank of Δ's projection
+    x       the conv's output, the scan's input; z the gate
+    Δ (dt)  input-dependent step size         A, B, C, D  SSM parameters (B, C input-dependent)
+    s       SSM state [d_in, N] per row: s_t = exp(Δ_t A) s_{t-1} + Δ_t B_t x_t,  y_t = C_t · s_t + D x_t
+
+One mixer pass is: `project_in` (x, z) -> causal depthwise conv (`conv_step` or `conv_sequence`) ->
+`ssm_parameters` (Δ, A, B, C) -> a scan (`scan_step`, `scan_sequence`, or the trainable `selective_scan`) ->
+`project_out` (skip D x, gate silu(z), out_proj). Three paths are built from these pieces:
+- `mixer_step_ref`: one recurrent step from a state (the drafters' step); `mixer_step_kernel` is its twin with
+  the conv and scan steps replaced by the fused CUDA kernels of causal_conv1d and mamba_ssm;
+- `mixer_sequence`: a whole sequence from a zero state, with the states after its last token (prefill);
+- `mixer_forward`: the same sequence pass through `selective_scan`, which has its own backward (training).
+Tests check that the step, the sequence and the training pass agree, and the kernels with the reference on a GPU.
+The linear layers (in_proj, x_proj, out_proj) run in the weights' dtype, everything between them in float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+try:  # GPU kernels; absent (or failing to import) without CUDA
+    from causal_conv1d import causal_conv1d_update as _conv_update_kernel
+    from mamba_ssm.ops.triton.selective_state_update import selective_state_update as _ssm_update_kernel
+except Exception:  # noqa: BLE001 - any import failure means "no kernels"
+    _conv_update_kernel = _ssm_update_kernel = None
+
+Scan = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # (x, Δ, A, B, C) -> (y [b, l, d_in], last s [b, d_in, N])
+
+
+def kernels_available(device: torch.device) -> bool:
+    return device.type == "cuda" and _ssm_update_kernel is not None and _conv_update_kernel is not None
+
+
+# --- the pieces -------------------------------------------------------------------------------------------------
+def project_in(mixer, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., d] -> (the conv's input, the gate z), [..., d_in] each, float32."""
+    x, z = mixer.in_proj(hidden).float().chunk(2, dim=-1)
+    return x, z
+
+
+def conv_weights(mixer) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The depthwise conv's weight [d_in, 1, K] and bias [d_in] (or None), float32."""
+    bias = mixer.conv1d.bias.float() if mixer.conv1d.bias is not None else None
+    return mixer.conv1d.weight.float(), bias
+
+
+def conv_step(mixer, window: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Shift x [B, d_in] into the conv window [B, d_in, K] (in place) -> act(conv) [B, d_in]."""
+    weight, bias = conv_weights(mixer)
+    window.copy_(torch.roll(window, shifts=-1, dims=-1))
+    window[:, :, -1] = x
+    out = (window * weight[:, 0, :]).sum(-1)  # [B, d_in]
+    return mixer.act(out + bias if bias is not None else out)
+
+
+def conv_sequence(mixer, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The causal conv over x [b, l, d_in] from a zero window -> (act(conv) [b, l, d_in], window after the last
+    token [b, d_in, K]: its last K inputs, zero-padded on the left)."""
+    length, K = x.shape[1], mixer.conv_kernel_size
+    x = x.transpose(1, 2)  # [b, d_in, l]
+    window = F.pad(x, (max(K - length, 0), 0))[..., -K:]
+    weight, bias = conv_weights(mixer)
+    out = F.conv1d(x, weight, bias, padding=K - 1, groups=x.shape[1])[..., :length]  # [b, d_in, l]
+    return mixer.act(out).transpose(1, 2), window
+
+
+def ssm_parameters(mixer, x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """The selection: x [..., d_in] -> (Δ [..., d_in], A [d_in, N], B [..., N], C [..., N]), float32.
+
+    Δ = softplus(dt_proj(x_proj_Δ(x))) through the rank-R projection, B and C from x_proj, A = -exp(A_log); the
+    scan discretises them (Ā = exp(Δ A), B̄ x = Δ B x). x_proj runs in `dtype`, the weights'.
+    """
+    R, N = mixer.time_step_rank, mixer.ssm_state_size
+    dt, B, C = torch.split(mixer.x_proj(x.to(dtype)).float(), [R, N, N], dim=-1)  # [..., R], [..., N], [..., N]
+    dt = F.softplus(F.linear(dt, mixer.dt_proj.weight.float(), mixer.dt_proj.bias.float()))  # Δ [..., d_in]
+    return dt, -torch.exp(mixer.A_log.float()), B, C
+
+
+def scan_step(s: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+              C: torch.Tensor) -> torch.Tensor:
+    """s_t = exp(Δ A) s_{t-1} + Δ B x with s [B, d_in, N] updated in place; x, Δ [B, d_in], B, C [B, N] -> C · s_t
+    [B, d_in]."""
+    s.copy_(s * torch.exp(dt[..., None] * A) + (dt * x)[..., None] * B[:, None, :])
+    return (s @ C[..., None]).squeeze(-1)
+
+
+def scan_sequence(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                  C: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`scan_step` over l positions from a zero state: x, Δ [b, l, d_in], B, C [b, l, N] -> (C_t · s_t [b, l, d_in],
+    the last state [b, d_in, N])."""
+    s = x.new_zeros(x.shape[0], x.shape[2], A.shape[1])
+    y = [scan_step(s, x[:, t], dt[:, t], A, B[:, t], C[:, t]) for t in range(x.shape[1])]
+    return torch.stack(y, dim=1), s
+
+
+def project_out(mixer, y: torch.Tensor, x: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The scan's C · s [..., d_in] plus the skip D x, gated by silu(z), through out_proj (in `dtype`) -> [..., d]."""
+    return mixer.out_proj(((y + mixer.D.float() * x) * F.silu(z)).to(dtype))
+
+
+# --- one step from a state --------------------------------------------------------------------------------------
+def _step(mixer, hidden: torch.Tensor, window: torch.Tensor, s: torch.Tensor, conv: Callable,
+          scan: Callable) -> torch.Tensor:
+    x, z = project_in(mixer, hidden)  # [B, d_in] each
+    x = conv(mixer, window, x)  # window shifted in place
+    dt, A, B, C = ssm_parameters(mixer, x, hidden.dtype)
+    return project_out(mixer, scan(s, x, dt, A, B, C), x, z, hidden.dtype)  # s updated in place
+
+
+def mixer_step_ref(mixer, hidden: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:
+    """One recurrent step; hidden [B, d] -> [B, d]; conv [B, d_in, K] and ssm [B, d_in, N] updated in place."""
+    return _step(mixer, hidden, conv, ssm, conv_step, scan_step)
+
+
+def _conv_step_kernel(mixer, window: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    weight, bias = conv_weights(mixer)
+    return _conv_update_kernel(x, window, weight[:, 0, :], bias, "silu")
+
+
+def mixer_step_kernel(mixer, hidden: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:
+    """`mixer_step_ref` with the conv and scan steps of causal_conv1d's and mamba_ssm's fused CUDA kernels."""
+    return _step(mixer, hidden, conv, ssm, _conv_step_kernel, _ssm_update_kernel)
+
+
+# --- a whole sequence from a zero state -------------------------------------------------------------------------
+def mixer_sequence(mixer, hidden: torch.Tensor,
+                   scan: Scan = scan_sequence) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """hidden [b, l, d] -> (out [b, l, d], (conv [b, d_in, K], ssm [b, d_in, N]) states after the last token)."""
+    x, z = project_in(mixer, hidden)  # [b, l, d_in] each
+    x, window = conv_sequence(mixer, x)
+    dt, A, B, C = ssm_parameters(mixer, x, hidden.dtype)
+    y, s = scan(x, dt, A, B, C)
+    return project_out(mixer, y, x, z, hidden.dtype), (window, s)
+
+
+def mixer_forward(mixer, hidden: torch.Tensor) -> torch.Tensor:
+    """`mixer_sequence` through the trainable `selective_scan`: [b, l, d] -> [b, l, d] (training path)."""
+    return mixer_sequence(mixer, hidden, selective_scan)[0]
+
+
+class SelectiveScan(torch.autograd.Function):
+    """Mamba's selective scan with its own backward, one time step at a time on [b, d_in, n] blocks.
+
+    h_t = exp(Δ_t A) h_{t-1} + (Δ_t x_t) B_t,  y_t = h_t C_t,  from h_{-1} = 0. Inputs time-major: Δ, x
+    [l, b, d_in], A [d_in, n], B, C [l, b, n] -> (y [l, b, d_in], h_{l-1} [b, d_in, n], not differentiable).
+    Each step's Ā_t is made and used while its block is in cache, never stored for all l at once (a
+    [l, b, d_in, n] tensor); only the states h are kept for the backward, which runs in reverse time with
+    g_t = dL/dh_t = C_t dy_t + Ā_{t+1} g_{t+1} and reads every other gradient off g_t: dB_t = Σ_d g_t u_t,
+    du_t = g_t B_t (u = Δ x), dC_t = Σ_d h_t dy_t, and through Ā_t = exp(Δ_t A) with r_t = g_t h_{t-1} Ā_t:
+    dΔ_t += Σ_n r_t A, dA += Σ_b r_t Δ_t.
+    """
+
+    @staticmethod
+    def forward(ctx, dt: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                C: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        length = len(dt)
+        u = dt * x  # [l, b, d]
+        h = torch.empty(*u.shape, A.shape[1], dtype=u.dtype, device=u.device)  # [l, b, d, n]
+        y = torch.empty_like(u)
+        for t in range(length):
+            a = torch.mul(dt[t, :, :, None], A).exp_()  # Ā_t [b, d, n]
+            if t:
+                torch.mul(a, h[t - 1], out=h[t])
+                h[t].addcmul_(u[t, :, :, None], B[t, :, None, :])
+            else:
+                torch.mul(u[0, :, :, None], B[0, :, None, :], out=h[0])
+            torch.bmm(h[t], C[t, :, :, None], out=y[t, :, :, None])
+        ctx.save_for_backward(dt, x, A, B, C, u, h)
+        last = h[-1].clone()
+        ctx.mark_non_differentiable(last)
+        return y, last
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor, _: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        dt, x, A, B, C, u, h = ctx.saved_tensors
+        dy = dy.contiguous()
+        du, d_dt = torch.empty_like(u), torch.zeros_like(u)
+        dB, dC = torch.empty_like(B), torch.empty_like(C)
+        r_dt = torch.zeros_like(h[0])  # Σ_t r_t Δ_t [b, d, n], summed over b into dA at the end
+        g = a_next = None
+        for t in range(len(dt) - 1, -1, -1):
+            g_t = torch.mul(dy[t, :, :, None], C[t, :, None, :])  # [b, d, n]
+            if g is not None:
+                g_t.addcmul_(a_next, g)
+            torch.bmm(dy[t, :, None, :], h[t], out=dC[t, :, None, :])
+            torch.bmm(g_t, B[t, :, :, None], out=du[t, :, :, None])
+            torch.bmm(u[t, :, None, :], g_t, out=dB[t, :, None, :])
+            a = torch.mul(dt[t, :, :, None], A).exp_()
+            if t:
+                r = (g_t * a).mul_(h[t - 1])  # dL/d(Δ_t A)
+                r_dt.addcmul_(r, dt[t, :, :, None])
+                torch.sum(r.mul_(A), -1, out=d_dt[t])
+            g, a_next = g_t, a
+        d_dt.addcmul_(du, x)
+        return d_dt, du * dt, r_dt.sum(0), dB, dC
+
+
+def selective_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                   C: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`scan_sequence` through `SelectiveScan` (on time-major copies), differentiable in every input.
+
+    x, Δ: [b, l, d_in]; A: [d_in, n]; B, C: [b, l, n] -> (y [b, l, d_in], the last state [b, d_in, n]).
+    """
+    y, last = SelectiveScan.apply(*(t.transpose(0, 1).contiguous() for t in (dt, x)), A,
+                                  *(t.transpose(0, 1).contiguous() for t in (B, C)))  # y [l, b, d_in]
+    return y.transpose(0, 1), last
