@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 
 from specdec.config import BANDIT_SCOPES, DEFAULT_ARMS, METHODS, REWARDS, GenerationConfig
@@ -58,7 +57,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                               lookup_branch=args.lookup_branch)
     config.validate()  # fail on bad settings before any model loads
     drafters = {config.spec.drafter: args.drafter} if args.drafter and config.spec.has_model else {}
-    models = Models(args.target, drafters, device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype)
+    models = Models(args.target, drafters, device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
+                    cuda_graphs=False if args.no_cuda_graphs else None)
     summary: Summary | None = None
     for event in generate(models, args.prompt, config, chat=not args.no_chat):
         if isinstance(event, RoundRecord):
@@ -123,7 +123,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from specdec import bench
 
     models = Models(args.target, {name: getattr(args, KINDS[name].option) for name in MODEL_KINDS},
-                    device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype)
+                    device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
+                    cuda_graphs=False if args.no_cuda_graphs else None)
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     result: dict = {}
     if args.context_lengths:
@@ -165,8 +166,6 @@ def main(argv: list[str] | None = None) -> int:
     _add_generate(sub)
     _add_bench(sub)
     args = parser.parse_args(argv)
-    if args.no_cuda_graphs:
-        os.environ["SPECDEC_CUDA_GRAPHS"] = "0"  # read by the Mamba drafter (specdec/drafters/cuda_graph.py)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     try:
         return args.func(args)

@@ -43,7 +43,7 @@ def make_drafter(models: Models, kind: str) -> Drafter:
     """A fresh drafter of `kind` (`specdec.registry.KINDS`) for one generation."""
     spec = registry.kind(kind)
     loaded = models.drafter(kind) if spec.has_model else None
-    return spec.implementation_class().build(loaded, models.target)
+    return spec.implementation_class().build(loaded, models.target, models.cuda_graphs)
 
 
 def make_verifier(model) -> TreeLM:

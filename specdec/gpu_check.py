@@ -6,7 +6,7 @@ drafters are the shipped ones in `assets/drafters`, and text is byte-level (`Byt
 target needs no real tokenizer, only the drafters' vocabulary size. A random target accepts almost none of a
 trained drafter's tokens, so the end-to-end rows measure the cost side of drafting; speed-ups need real weights.
 
-Measured, for float32 and bfloat16, with and without the drafter's CUDA graphs (`SPECDEC_CUDA_GRAPHS`):
+Measured, for float32 and bfloat16, with and without the drafter's CUDA graphs (`Models.cuda_graphs`):
     drafter step      `MambaDrafter.step` on B rows (1, and the widths of tree depths)
     verification      one `TreeLM.extend` pass over n = 1..16 tree tokens after 512 cached ones (n=1: a target step)
     end to end        `generate` tok/s for `ar`, `mamba-chain`, `mamba-ucb` and `tf-tree`, greedy
@@ -26,8 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -171,22 +170,6 @@ def median_ms(fn: Callable[[], object], reps: int, device: torch.device, warmup:
     return statistics.median(times)
 
 
-@contextmanager
-def cuda_graphs(on: bool) -> Iterator[None]:
-    """Set SPECDEC_CUDA_GRAPHS for the drafters `generate` builds (the engine takes no such argument)."""
-    from specdec.drafters.cuda_graph import ENV_FLAG
-
-    before = os.environ.get(ENV_FLAG)
-    os.environ[ENV_FLAG] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(ENV_FLAG, None)
-        else:
-            os.environ[ENV_FLAG] = before
-
-
 def time_drafter_step(model, folder: str, plan: Plan, dtype_name: str, on_row: Callable[[dict], None]) -> None:
     from specdec.drafters.mamba import MambaDrafter, MambaState
     from specdec.vocab import load_draft_vocab
@@ -234,9 +217,9 @@ def time_end_to_end(models, plan: Plan, target: str, dtype_name: str, on_row: Ca
     for method in METHODS:
         for graphs in (plan.graphs if method.startswith("mamba") else (False,)):
             budget.check()
-            with cuda_graphs(graphs):
-                run_generation(models, method, 8, prompt)  # warm-up: kernels, allocator, graph capture
-                rounds, summary = run_generation(models, method, plan.max_new_tokens, prompt)
+            models.cuda_graphs = None if graphs else False  # None: replayed on CUDA
+            run_generation(models, method, 8, prompt)  # warm-up: kernels, allocator, graph capture
+            rounds, summary = run_generation(models, method, plan.max_new_tokens, prompt)
             ar_ids = summary.token_ids if method == "ar" else ar_ids
             on_row({
                 "target": target, "dtype": dtype_name, "method": method,

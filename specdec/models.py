@@ -431,10 +431,12 @@ class Models:
     """The target and the drafters of one process, each loaded lazily once and shared by all sessions.
 
     `drafters` maps a drafter kind (`specdec.registry.KINDS`) to its model's spec; a kind left out gets its
-    default model."""
+    default model. `cuda_graphs=False` has the Mamba drafter step eagerly on CUDA (None: graphs unless
+    SPECDEC_CUDA_GRAPHS=0)."""
 
     def __init__(self, target: str = DEFAULT_TARGET, drafters: Mapping[str, str] | None = None,
-                 device: str = "auto", dtype: str = "auto", drafter_dtype: str = "auto") -> None:
+                 device: str = "auto", dtype: str = "auto", drafter_dtype: str = "auto",
+                 cuda_graphs: bool | None = None) -> None:
         unknown = set(drafters or {}) - set(MODEL_KINDS)
         if unknown:
             raise ValueError(f"no drafter model of kind {', '.join(sorted(unknown))}; kinds with a model: "
@@ -443,6 +445,7 @@ class Models:
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.drafter_dtype = resolve_drafter_dtype(drafter_dtype, self.device, self.dtype)
+        self.cuda_graphs = cuda_graphs
         self._loaded: dict[str, LoadedModel] = {}
         self._lock = threading.Lock()
 

@@ -96,9 +96,10 @@ class Drafter(ABC):
     max_context: int | None = None  # the longest context it can take, when it has a limit
 
     @classmethod
-    def build(cls, loaded, target) -> Drafter:
+    def build(cls, loaded, target, cuda_graphs: bool | None = None) -> Drafter:
         """A fresh drafter for one generation: `loaded` is its kind's `LoadedModel` (None for a kind without a
-        model), `target` the target's. A kind with a model also provides `load(spec, device, dtype, target)`."""
+        model), `target` the target's; `cuda_graphs` False asks a drafter that replays CUDA graphs to step
+        eagerly (None: its default). A kind with a model also provides `load(spec, device, dtype, target)`."""
         return cls()
 
     @abstractmethod

@@ -126,8 +126,8 @@ class MambaDrafter(Drafter):
         return load_drafter_model(spec, device, dtype, target, model_type="mamba")
 
     @classmethod
-    def build(cls, loaded: LoadedModel, target: LoadedModel) -> MambaDrafter:
-        return cls.from_folder(loaded.model, target.vocab_size, loaded.source)
+    def build(cls, loaded: LoadedModel, target: LoadedModel, cuda_graphs: bool | None = None) -> MambaDrafter:
+        return cls(loaded.model, target.vocab_size, load_draft_vocab(loaded.source), cuda_graphs=cuda_graphs)
 
     # --- the batched step -------------------------------------------------------------------------------
     @torch.inference_mode()

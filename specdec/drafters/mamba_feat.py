@@ -155,7 +155,7 @@ class MambaFeatDrafter(Drafter):
         return load_feat_drafter(spec, device, dtype, target)
 
     @classmethod
-    def build(cls, loaded: LoadedModel, target: LoadedModel) -> MambaFeatDrafter:
+    def build(cls, loaded: LoadedModel, target: LoadedModel, cuda_graphs: bool | None = None) -> MambaFeatDrafter:
         return cls(loaded.model, target.model, load_draft_vocab(loaded.source))
 
     # --- one batched step -------------------------------------------------------------------------------

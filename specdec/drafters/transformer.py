@@ -39,7 +39,7 @@ class TransformerDrafter(Drafter):
         return load_drafter_model(spec, device, dtype, target)
 
     @classmethod
-    def build(cls, loaded: LoadedModel, target: LoadedModel) -> TransformerDrafter:
+    def build(cls, loaded: LoadedModel, target: LoadedModel, cuda_graphs: bool | None = None) -> TransformerDrafter:
         return cls.from_folder(loaded.model, target.vocab_size, loaded.source)
 
     def _inputs(self, tokens: list[int]) -> list[int]:
