@@ -27,7 +27,7 @@ demo: $(VENV)/.runtime
 
 test: $(VENV)/.test
 	sh scripts/ensure_chromium.sh  # Debian's chromium for the browser test (tests/e2e)
-	HF_HUB_OFFLINE=1 SPECDEC_REQUIRE_BROWSER=1 $(PY) -m pytest -q
+	HF_HUB_OFFLINE=1 SPECDEC_REQUIRE_BROWSER=1 $(PY) -m pytest -q --durations=12
 
 space-image: $(VENV)/.runtime
 	SPACE_CACHE=$(SPACE_CACHE) PY=$(PY) sh scripts/space_image.sh

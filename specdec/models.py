@@ -133,7 +133,7 @@ def cpu_kernels() -> dict:
     CPU, torch's version and the thread count, and every later process (the app, the CLI, the benchmark) reads them.
     """
     key = f"{_cpu_name()}|torch {torch.__version__}|{torch.get_num_threads()} threads|{platform.machine()}|" \
-          f"probe {_PROBE_VERSION}"
+          f"{torch.backends.cpu.get_cpu_capability()}|probe {_PROBE_VERSION}"
     path = probe_file()
     try:
         known = json.loads(path.read_text())
@@ -199,7 +199,10 @@ def _cpu_name() -> str:
 
 
 def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX), by torch's own CPU feature probe."""
+    """Whether torch multiplies bfloat16 natively here: the CPU has AVX512-BF16 or AMX (torch's own feature probe)
+    and torch's kernels use AVX-512 (`ATEN_CPU_CAPABILITY=avx2` has them emulate bf16 instead)."""
+    if torch.backends.cpu.get_cpu_capability() != "AVX512":
+        return False
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
