@@ -71,8 +71,10 @@ class PackedLinear(nn.Linear):
         self.repack()
 
     def repack(self) -> None:
-        """Pack the weight again (a weight moved off the CPU or to another dtype is left unpacked: `F.linear`)."""
-        packable = self.weight.device.type == "cpu" and self.weight.dtype in PACKED_DTYPES
+        """Pack the weight again (a weight moved off the CPU, or cast to a dtype this CPU cannot pack, is left
+        unpacked: `F.linear`)."""
+        packable = self.weight.device.type == "cpu" and self.weight.dtype in PACKED_DTYPES and \
+            packing_available(self.weight.dtype)
         self.packed = _pack(self.weight) if packable else None
         self.packed_dtype = self.weight.dtype if packable else None
         self.packed_from = self._weight_key()
@@ -100,6 +102,8 @@ class PackedLinear(nn.Linear):
             return F.linear(x, self.weight, self.bias)
         if self._stale():
             self.repack()
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
         rows = x.numel() // self.in_features
         if 0 < rows < self.min_rows:  # [..., in] -> [min_rows, in], keep the first `rows` outputs
             padded = torch.cat([x.reshape(rows, self.in_features), x.new_zeros(self.min_rows - rows, self.in_features)])

@@ -9,6 +9,7 @@ from torch import nn
 
 from specdec.kvcache import MAX_INVARIANT_ROWS
 from specdec.models import packed_min_rows, row_invariant
+import specdec.packed as packed_module
 from specdec.packed import PackedLinear, pack_linears, packing_available, probe_min_rows
 
 pytestmark = pytest.mark.skipif(not packing_available(torch.bfloat16) or not packing_available(torch.float32),
@@ -102,3 +103,14 @@ def test_pack_linears_keeps_tied_weights_and_autograd():
     loss = model(torch.tensor([1, 2])).float().sum()  # grad enabled, weights require grad: F.linear, differentiable
     loss.backward()
     assert model[1].weight.grad is not None
+
+
+def test_a_weight_cast_to_a_dtype_this_cpu_cannot_pack_runs_unpacked(monkeypatch):
+    """A float32 model packed, then cast to bf16 on a CPU whose oneDNN has no bf16 reorder (AVX2): plain F.linear."""
+    linear = nn.Linear(16, 8)
+    packed = PackedLinear(linear)
+    monkeypatch.setattr(packed_module, "packing_available", lambda dtype=torch.bfloat16: dtype == torch.float32)
+    packed.to(torch.bfloat16)
+    x = torch.randn(3, 16, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        assert torch.equal(packed(x), F.linear(x, packed.weight, packed.bias)) and packed.packed is None
