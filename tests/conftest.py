@@ -1,5 +1,6 @@
 """Shared fixtures: tiny random models with a small vocabulary (fast), and the real SmolLM2 target (once)."""
 
+import copy
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # read by huggingface_hub at import: set before anything imports it
@@ -31,6 +32,16 @@ def self_draft_models(tiny_models) -> Models:
     target = tiny_models.target
     itself = LoadedModel("self", target.model, target.tokenizer, "tiny")
     return Models.from_loaded(target, {"mamba": tiny_models.drafter("mamba"), "transformer": itself})
+
+
+@pytest.fixture(scope="session")
+def bf16_drafters(tiny_models) -> Models:
+    """The tiny drafters in bfloat16 beside a float32 target, as `--drafter-dtype bfloat16` asks."""
+    half = {kind: LoadedModel(m.name, copy.deepcopy(m.model).to(torch.bfloat16), m.tokenizer, m.source)
+            for kind, m in ((kind, tiny_models.drafter(kind)) for kind in ("mamba", "transformer"))}
+    models = Models.from_loaded(tiny_models.target, half)
+    assert models.dtype == torch.float32 and models.drafter_dtype == torch.bfloat16
+    return models
 
 
 @pytest.fixture(scope="session")

@@ -126,8 +126,10 @@ def _chi_square(counts: dict, dist: dict, runs: int) -> float:
     return chisquare(observed, [e * runs / total for e in expected]).pvalue
 
 
-@pytest.mark.parametrize("method, tree", [("mamba-chain", "3"), ("mamba-tree", "3,2"), ("tf-tree", "2,2,1")])
-def test_sampling_matches_the_target_distribution(tiny_models, method, tree):
+def test_sampling_matches_the_target_distribution_over_several_rounds(tiny_models):
+    """Three tokens, so most runs take more than one round and the drafter's catch-up is in the draw
+    (`tests/test_engine_sampling.py` checks each method on two tokens)."""
+    method, tree = "mamba-tree", "3,2"
     temperature = 1.0
     dist = _target_distribution(tiny_models, temperature)
     counts: dict[tuple, int] = {}
@@ -221,21 +223,6 @@ def test_a_bandit_passed_in_keeps_learning_across_generations(tiny_models):
         next(generate(tiny_models, PROMPT, other, chat=False, bandit=bandit))
 
 
-@pytest.fixture(scope="module")
-def bf16_drafters(tiny_models):
-    """The tiny drafters in bfloat16 beside a float32 target, as `--drafter-dtype bfloat16` asks."""
-    import copy
-
-    from specdec.models import LoadedModel, Models
-
-    mamba, tf = tiny_models.drafter("mamba"), tiny_models.drafter("transformer")
-    half = {m.name: LoadedModel(m.name, copy.deepcopy(m.model).to(torch.bfloat16), m.tokenizer, m.source)
-            for m in (mamba, tf)}
-    models = Models.from_loaded(tiny_models.target, {"mamba": half[mamba.name], "transformer": half[tf.name]})
-    assert models.dtype == torch.float32 and models.drafter_dtype == torch.bfloat16
-    return models
-
-
 @pytest.mark.parametrize("method, tree", [("mamba-tree", "3,2,1"), ("mamba-ucb", None), ("tf-tree", "2,3")])
 def test_a_bf16_drafter_stays_exact(bf16_drafters, tiny_models, method, tree):
     _, ar = run(tiny_models, method="ar", max_new_tokens=40)
@@ -243,15 +230,6 @@ def test_a_bf16_drafter_stays_exact(bf16_drafters, tiny_models, method, tree):
     assert sd.token_ids == ar.token_ids
     assert sum(r.accepted_len for r in rounds) > 0  # the bf16 drafter's tokens were used, not only the target's
 
-
-def test_a_bf16_drafter_samples_the_target_distribution(bf16_drafters):
-    dist = _target_distribution(bf16_drafters, 1.0)
-    counts: dict[tuple, int] = {}
-    for seed in range(RUNS):
-        _, summary = run(bf16_drafters, method="mamba-tree", tree="3,2", temperature=1.0, seed=seed,
-                         max_new_tokens=N_NEW)
-        counts[tuple(summary.token_ids)] = counts.get(tuple(summary.token_ids), 0) + 1
-    assert _chi_square(counts, dist, RUNS) > 1e-3
 
 
 @pytest.mark.parametrize("native, device, target, expected", [

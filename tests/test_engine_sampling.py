@@ -39,33 +39,48 @@ def reference(models: Models, temperature: float, top_p: float = 1.0) -> dict[tu
     return dict(zip(seqs, torch.stack(steps).prod(0).tolist()))
 
 
-def sample_engine(models: Models, **settings) -> tuple[dict[tuple, int], int]:
-    """Counts of the emitted continuations over RUNS seeds, and how many drafted (or copied) tokens were accepted."""
+def sample_engine(models: Models, **settings) -> tuple[dict[tuple, int], int, int]:
+    """Counts of the emitted continuations over RUNS seeds, how many drafted (or copied) tokens were accepted, and
+    how many of those were copied by a lookup branch."""
     counts: dict[tuple, int] = {}
-    accepted = 0
+    accepted = copied = 0
     for seed in range(RUNS):
         *rounds, summary = generate(models, PROMPT, GenerationConfig(max_new_tokens=N_NEW, seed=seed, **settings),
                                     chat=False)
         counts[tuple(summary.token_ids)] = counts.get(tuple(summary.token_ids), 0) + 1
         accepted += sum(r.accepted_len for r in rounds)
-    return counts, accepted
+        copied += sum(n.copied and n.status == "accepted" for r in rounds for n in r.nodes)
+    return counts, accepted, copied
 
 
-CASES = [  # (method, tree, temperature, top_p)
-    ("mamba-tree", "3,2", 0.7, 1.0),
-    ("tf-tree", "2,2", 1.0, 0.9),
-    ("lookup-chain", "2", 1.0, 1.0),  # "ab" occurred before: "c a" is copied, each a point-mass proposal
-    ("mamba-feat-tree", "2,2", 1.0, 1.0),  # the drafter reading the target's features
+CASES = [  # (method, tree, temperature, top_p, lookup branch)
+    ("mamba-chain", "3", 1.0, 1.0, 0),
+    ("mamba-tree", "3,2", 0.7, 1.0, 0),
+    ("tf-tree", "2,2", 1.0, 0.9, 0),
+    ("tf-tree", "2,2,1", 1.0, 1.0, 0),
+    ("lookup-chain", "2", 1.0, 1.0, 0),  # "ab" occurred before: "c a" is copied, each a point-mass proposal
+    ("mamba-feat-tree", "2,2", 1.0, 1.0, 0),  # the drafter reading the target's features
+    ("mamba-tree", "2,1", 1.0, 1.0, 3),  # a drafted tree with a copied branch grafted on
+    ("tf-chain", "2", 1.0, 1.0, 3),
 ]
 
 
-@pytest.mark.parametrize("method, tree, temperature, top_p", CASES)
-def test_sampling_is_exact(tiny_models, method, tree, temperature, top_p):
+@pytest.mark.parametrize("method, tree, temperature, top_p, lookup", CASES)
+def test_sampling_is_exact(tiny_models, method, tree, temperature, top_p, lookup):
     dist = reference(tiny_models, temperature, top_p)
-    counts, accepted = sample_engine(tiny_models, method=method, tree=tree, temperature=temperature, top_p=top_p)
+    counts, accepted, copied = sample_engine(tiny_models, method=method, tree=tree, temperature=temperature,
+                                             top_p=top_p, lookup_branch=lookup)
     assert accepted > RUNS * 0.1  # drafted (or copied) tokens took part, not only the target's corrections
+    assert not lookup or copied > RUNS * 0.05  # the grafted branch's copies were accepted too
     assert all(dist[seq] > 0 for seq in counts)  # nothing outside the nucleus was ever emitted
     assert _chi_square(counts, dist, RUNS) > 1e-3
+
+
+def test_a_bf16_drafter_samples_the_target_distribution(bf16_drafters):
+    """The tiny drafters in bfloat16 beside a float32 target (`--drafter-dtype bfloat16`)."""
+    counts, accepted, _ = sample_engine(bf16_drafters, method="mamba-tree", tree="3,2", temperature=1.0)
+    assert accepted > RUNS * 0.1
+    assert _chi_square(counts, reference(bf16_drafters, 1.0), RUNS) > 1e-3
 
 
 def test_top_p_cuts_the_reference():
@@ -115,6 +130,6 @@ def test_the_check_rejects_a_plausible_bug(tiny_models, monkeypatch, name, bug, 
     """Negative controls: the engine with one line of its acceptance wrong fails the same chi-square check."""
     assert callable(getattr(sampling, name))  # the function the bug replaces is still there
     monkeypatch.setattr(sampling, name, bug)
-    counts, accepted = sample_engine(tiny_models, method=method, tree=tree, temperature=1.0)
+    counts, accepted, _ = sample_engine(tiny_models, method=method, tree=tree, temperature=1.0)
     assert accepted > RUNS * 0.2
     assert _chi_square(counts, reference(tiny_models, 1.0), RUNS) < 1e-6
