@@ -52,6 +52,8 @@ def cancel_at(job, rng: random.Random, latest_s: float, streamed: bool) -> None:
 
 
 def test_twenty_random_cancels_leave_nothing_behind(tmp_path):
+    """Long: a real server with its default models, twenty cancels, and a normal run after every fourth (the
+    module docstring says why each part is there)."""
     rng = random.Random(14)
     with app_process(tmp_path / "app.log") as (url, pid):
         client = Client(url, verbose=False)

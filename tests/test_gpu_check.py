@@ -17,6 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """Long: the GPU check's own script end to end on the CPU, random targets of the real shapes included, as CI
+    runs it; the tests below read its one report."""
     out = tmp_path_factory.mktemp("gpu_check")
     done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(out), "--cpu"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300, check=False)

@@ -65,6 +65,8 @@ def test_the_shipped_drafters_are_loaded(smollm2):
 
 
 def test_every_method_matches_transformers_greedy(smollm2, fast_threads):
+    """Long: every method on the real target in float32, three prompts, each against transformers' greedy
+    decoding; the float32 exactness check of the whole product."""
     tokenizer = smollm2.target.tokenizer
     accepted = {case[:3]: 0 for case in CASES}  # drafted tokens accepted, over all prompts
     copies = {case[:3]: 0 for case in CASES}  # nodes copied from the context and verified, over all prompts
