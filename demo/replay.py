@@ -15,7 +15,7 @@ from typing import Any
 
 from specdec.records import ArmStat, BanditSnapshot, EmittedToken, RoundRecord, Summary, TreeNode
 
-MAX_BYTES = 20 * 1024 * 1024  # an export of 512 tokens is well under 1 MB; anything this big is not one
+MAX_BYTES = 20 * 1024 * 1024  # far above what any export of the app holds: a file this big is not one
 
 
 @dataclass
