@@ -90,8 +90,7 @@ class _Generation:
     drafter_label: str
     verifier: TreeLM
     bandit: UCBBandit | None
-    generator: torch.Generator
-    sampler: Sampler
+    sampler: Sampler  # its generator draws every random choice of the generation
     detok: Detokenizer
     eos_ids: set[int]
     new_ids: list[int] = field(default_factory=list)
@@ -146,7 +145,7 @@ def _setup(models: Models, prompt: str, config: GenerationConfig, chat: bool,
     eos = target.model.generation_config.eos_token_id
     generator = torch.Generator(device=target.device).manual_seed(config.seed)
     return _Generation(config, target, prompt_ids, shapes, drafter, label, make_verifier(target.model), bandit,
-                       generator, Sampler(config.temperature, config.top_p, generator), Detokenizer(target.tokenizer),
+                       Sampler(config.temperature, config.top_p, generator), Detokenizer(target.tokenizer),
                        set(eos if isinstance(eos, list) else [eos] if eos is not None else []))
 
 
@@ -179,7 +178,7 @@ def _round(g: _Generation) -> _Round:
     p = None if config.greedy else logits_to_probs(logits, config.temperature, config.top_p)  # [n, V]
     _sync(device)
     t_verify = time.perf_counter()
-    acc = _accept(tree, logits, config, g.generator, p)
+    acc = _accept(tree, logits, config, g.sampler.generator, p)
     g.verifier.commit(acc.path)
     g.drafter.commit(acc.path, acc.next_token, features=g.verifier.hidden[acc.path])  # root, then accepted nodes
     _sync(device)
@@ -210,9 +209,8 @@ def _tree_nodes(r: _Round, config: GenerationConfig, tokenizer) -> list[TreeNode
     parents = tree.parents
     rows = torch.tensor(parents[1:], dtype=torch.long, device=r.logits.device)
     cols = torch.tensor(tree.tokens[1:], dtype=torch.long, device=r.logits.device)
-    p = r.p if r.p is not None else logits_to_probs(r.logits[rows], config.temperature, config.top_p)
-    p_rows = rows if r.p is not None else torch.arange(len(rows), device=rows.device)
-    p_tok = [1.0] + p[p_rows, cols].tolist()  # one gather: p of each node's token at its parent
+    p = r.p if r.p is not None else logits_to_probs(r.logits, config.temperature, config.top_p)  # greedy: for show
+    p_tok = [1.0] + p[rows, cols].tolist()  # one gather: p of each node's token at its parent
     nodes = []
     for i, token in enumerate(tree.tokens):
         status = "root" if i == 0 else "accepted" if i in accepted else "rejected" if i in rejected else "not_reached"

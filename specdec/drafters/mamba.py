@@ -117,9 +117,10 @@ class MambaDrafter(Drafter):
             self.graphs = shared_graphs(model, (vocab_size, head_key, self.mixer_step), self.step_eager)
 
     @classmethod
-    def from_folder(cls, model: MambaForCausalLM, vocab_size: int, folder: str | None) -> MambaDrafter:
+    def from_folder(cls, model: MambaForCausalLM, vocab_size: int, folder: str | None,
+                    cuda_graphs: bool | None = None) -> MambaDrafter:
         """Use `draft_vocab.json` beside the weights, when present, as the draft head."""
-        return cls(model, vocab_size, load_draft_vocab(folder))
+        return cls(model, vocab_size, load_draft_vocab(folder), cuda_graphs=cuda_graphs)
 
     @staticmethod
     def load(spec: str, device: torch.device, dtype: torch.dtype, target: LoadedModel) -> LoadedModel:
@@ -127,7 +128,7 @@ class MambaDrafter(Drafter):
 
     @classmethod
     def build(cls, loaded: LoadedModel, target: LoadedModel, cuda_graphs: bool | None = None) -> MambaDrafter:
-        return cls(loaded.model, target.vocab_size, load_draft_vocab(loaded.source), cuda_graphs=cuda_graphs)
+        return cls.from_folder(loaded.model, target.vocab_size, loaded.source, cuda_graphs)
 
     # --- the batched step -------------------------------------------------------------------------------
     @torch.inference_mode()
