@@ -13,14 +13,15 @@ in one of two layouts:
   `SPLIT_MARGIN` positions back. The head `[0, head_end(p))` lies inside the committed prefix for every row up to
   `SPLIT_MARGIN` deep, so the rows of a pass that share a head attend it in one kernel call over a view of the
   prefix, their queries stacked where the CPU's kernel keeps each row's bits so, else each row its own batch
-  element (`head_mode`); the tail `[head_end(p), p]` (the rest of the prefix, the ancestors, itself) is a view of
-  the buffer for a chain and gathered per row for a tree, `TAIL` slots masked after the row, and all rows attend
-  their tails in a second call. The two parts are merged by their log-sum-exp, elementwise. A decode step at p
-  cuts its keys at the same place and runs the same calls with the same shapes on the same numbers (the CPU kernel
-  computes every batch element alike, whatever the batch), so a tree row and the decode step that reaches its
-  position get the same bits. With the projections and the output layer row-invariant too (packed linears,
-  float32 or bfloat16, up to `MAX_INVARIANT_ROWS` rows, where the CPU passes `specdec.packed.probe_min_rows`), a
-  tree's logits equal those of decoding each branch alone, bit for bit, with no kernel call per row.
+  element (`attention_mode`, probed per machine); the tail `[head_end(p), p]` (the rest of the prefix, the
+  ancestors, itself) is a view of the buffer for a chain and gathered per row for a tree, `TAIL` slots masked
+  after the row, and all rows attend their tails in a second call. The two parts are merged by their log-sum-exp,
+  elementwise. A decode step at p cuts its keys at the same place and runs the same calls on the same numbers
+  (the probe finds the calls, padded where need be, that compute a row alike whatever the other rows), so a tree
+  row and the decode step that reaches its position get the same bits. With the projections and the output layer
+  row-invariant too (packed linears, float32 or bfloat16, up to `MAX_INVARIANT_ROWS` rows, where the CPU passes
+  `specdec.packed.probe_min_rows`), a tree's logits equal those of decoding each branch alone, bit for bit, with no
+  kernel call per row.
 - **block**: the whole region at once, one kernel call with a tree attention mask (CUDA, where cuBLAS is not
   row-invariant anyway, the Transformer drafter, and the prompt's prefill, which every method runs the same way).
 
@@ -34,6 +35,7 @@ first child's branch (a decode step's one token, a drafter's likeliest branch), 
 from __future__ import annotations
 
 import copy
+import warnings
 
 from dataclasses import dataclass, field
 from functools import cache
@@ -44,7 +46,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from specdec.models import packed_min_rows
+from specdec.models import dtype_name, kept, packed_min_rows
 from specdec.packed import MAX_INVARIANT_ROWS, PACKED_DTYPES, pack_linears
 from specdec.vocab import scatter_head
 
@@ -274,9 +276,9 @@ def _split_attention(tree_kv: TreeKV, layer: int, query: torch.Tensor, scaling: 
         tail_k, tail_v = keys[:, :, window].expand(n, -1, -1, -1), values[:, :, window].expand(n, -1, -1, -1)
     else:
         tail_k, tail_v = tails(keys, region_k), tails(values, region_v)
-    out, lse = _flash(q, tail_k, tail_v, 0.0, False, attn_mask=step.tail_mask,
-                      scale=scaling)  # [n, H_kv, groups, d], [n, H_kv, groups]
-    mode = head_mode(q.dtype, q.shape[2], d)
+    mode = attention_mode(q.dtype, q.shape[2], d)
+    out, lse = _batched_flash(q, tail_k, tail_v, step.tail_mask, scaling,
+                              mode.batch_min_rows)  # [n, H_kv, groups, d], [n, H_kv, groups]
     for end, rows, entries in step.heads:
         if entries:  # a row deeper than SPLIT_MARGIN: its head runs past the prefix into its own branch
             index = torch.tensor(entries, device=q.device)
@@ -295,43 +297,111 @@ def _split_attention(tree_kv: TreeKV, layer: int, query: torch.Tensor, scaling: 
     return out.reshape(n, heads, d)[None]  # [1, n, H, d]
 
 
+def _batched_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                   scaling: float | None, min_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One kernel call, each row of q [m, H_kv, groups, d] its own batch element over k/v [m or 1, H_kv, keys, d];
+    fewer than `min_rows` rows are padded with copies of the first (`AttentionMode.batch_min_rows`)."""
+    m = q.shape[0]
+    if m < min_rows:
+        # Shared keys stay a view (the kernel is given the strides it is given for any batch of them).
+        pad = lambda x: x.expand(min_rows, *x.shape[1:]) if x.shape[0] == 1 or x.stride(0) == 0 else \
+            torch.cat([x, x[:1].expand(min_rows - m, *x.shape[1:])])  # noqa: E731
+        q, k, v, mask = pad(q), pad(k), pad(v), None if mask is None else pad(mask)
+    k, v = k.expand(q.shape[0], -1, -1, -1), v.expand(q.shape[0], -1, -1, -1)
+    out, lse = _flash(q, k, v, 0.0, False, attn_mask=mask, scale=scaling)
+    return out[:m], lse[:m]
+
+
 def _head_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float | None,
-                    stack: int) -> tuple[torch.Tensor, torch.Tensor]:
+                    mode: AttentionMode) -> tuple[torch.Tensor, torch.Tensor]:
     """q [m, H_kv, groups, d] over the same keys k/v [1, H_kv, end, d] -> (out [m, H_kv, groups, d], lse [m, H_kv,
-    groups]). `stack` (`head_mode`): the rows whose queries one call stacks along its query axis, reading the keys
-    once for them all; 0: each row its own batch element over the shared keys (a view), reading them once a row."""
+    groups]), the way `mode` says: the queries of up to `mode.stack` rows stacked along one call's query axis,
+    reading the keys once for them all, or (stack 0) each row its own batch element over the shared keys (a view),
+    reading them once a row."""
     m, kv_heads, groups, d = q.shape
-    if not stack:
-        return _flash(q, k.expand(m, -1, -1, -1), v.expand(m, -1, -1, -1), 0.0, False, scale=scaling)
+    if not mode.stack:
+        return _batched_flash(q, k, v, None, scaling, mode.batch_min_rows)
     outs, lses = [], []
-    for i in range(0, m, stack):
-        chunk = q[i: i + stack]  # [c, H_kv, groups, d]
+    for i in range(0, m, mode.stack):
+        chunk = q[i: i + mode.stack]  # [c, H_kv, groups, d]
+        c = chunk.shape[0]
+        if c < mode.stack_min_rows:  # zero rows: the kernel takes the path it takes for larger stacks
+            chunk = torch.cat([chunk, chunk.new_zeros(mode.stack_min_rows - c, kv_heads, groups, d)])
         out, lse = _flash(chunk.transpose(0, 1).reshape(1, kv_heads, -1, d), k, v, 0.0, False,
                           scale=scaling)  # [1, H_kv, c * groups, d], [1, H_kv, c * groups]
-        outs.append(out[0].view(kv_heads, -1, groups, d).transpose(0, 1))
-        lses.append(lse[0].view(kv_heads, -1, groups).transpose(0, 1))
+        outs.append(out[0].view(kv_heads, -1, groups, d).transpose(0, 1)[:c])
+        lses.append(lse[0].view(kv_heads, -1, groups).transpose(0, 1)[:c])
     return (outs[0], lses[0]) if len(outs) == 1 else (torch.cat(outs), torch.cat(lses))
 
 
+@dataclass(frozen=True)
+class AttentionMode:
+    """How the split layout calls the CPU's attention kernel so that a row's bits do not depend on the other rows of
+    the call (`probe_attention_mode`).
+
+    `batch_min_rows`: calls with one row a batch element hold at least this many (1, or 2 where a batch of one takes
+    another path than larger batches). `stack`: rows of a shared head stacked along one call's query axis (0: each
+    its own batch element instead); `stack_min_rows`: the fewest rows such a call holds (2: a lone row is padded).
+    """
+
+    batch_min_rows: int = 1
+    stack: int = 0
+    stack_min_rows: int = 1
+
+
 @cache
-def head_mode(dtype: torch.dtype, groups: int, d: int) -> int:
-    """How the split layout attends a head shared by several rows on this CPU, the cheaper way that is row-
-    invariant: every row's queries stacked along one axis, up to 32 queries a call (the CPU kernel's query block),
-    where the kernel gives a row the same bits whatever the other rows of the call (AVX-512); else each row its
-    own batch element over the shared keys (0), which the kernel computes alike whatever the batch. Probed once per
-    process on random tensors, as `specdec.packed.probe_min_rows` probes the linears."""
+def attention_mode(dtype: torch.dtype, groups: int, d: int) -> AttentionMode:
+    """This machine's `AttentionMode` for a head layout, kept with its other kernel probes (`specdec.models.kept`):
+    it decides bits greedy decoding prints."""
+    return AttentionMode(**kept(f"attention {dtype_name(dtype)} {groups}x{d}",
+                                lambda: vars(probe_attention_mode(dtype, groups, d))))
+
+
+def probe_attention_mode(dtype: torch.dtype, groups: int, d: int) -> AttentionMode:
+    """The cheapest row-invariant way to call this CPU's attention kernel, probed on random tensors as
+    `specdec.packed.probe_min_rows` probes the linears: the fewest batch elements (1 or 2) from which each
+    element's bits are the same whatever the batch, up to `MAX_INVARIANT_ROWS`; then whether a shared head's rows
+    can be stacked, up to 32 queries a call (the kernel's query block), a row getting the same bits whatever the
+    other rows of the call, from one row or (padded) from two."""
     g = torch.Generator().manual_seed(0)
-    most = max(1, 32 // groups)
-    for keys in (100, 700):
-        k, v = (torch.randn(1, 3, keys, d, generator=g).to(dtype) for _ in range(2))
-        q = torch.randn(most, 3, groups, d, generator=g).to(dtype)
-        alone = [_head_attention(q[i: i + 1], k, v, None, most) for i in range(most)]
-        for n in range(2, most + 1):
-            out, lse = _head_attention(q[:n], k, v, None, most)
-            if any(not torch.equal(out[i], alone[i][0][0]) or not torch.equal(lse[i], alone[i][1][0])
-                   for i in range(n)):
-                return 0
-    return most
+    rand = lambda *shape: torch.randn(*shape, generator=g).to(dtype)  # noqa: E731
+    rows = MAX_INVARIANT_ROWS
+    batch_min_rows = 1  # 0: no batch is invariant
+    for keys in (TAIL, 700):  # a tail's keys, a head's
+        q, k, v = rand(rows, 3, groups, d), rand(rows, 3, keys, d), rand(rows, 3, keys, d)
+        mask = torch.zeros(rows, 1, 1, keys)
+        for r in range(rows):
+            mask[r, ..., 1 + r * 7 % keys:] = float("-inf")
+
+        def invariant(min_rows: int) -> bool:
+            alone = [_batched_flash(q[i: i + 1], k[i: i + 1], v[i: i + 1], mask[i: i + 1], None, min_rows)
+                     for i in range(rows)]
+            return all(_same_rows(_batched_flash(q[:n], k[:n], v[:n], mask[:n], None, min_rows), alone)
+                       for n in (2, 3, 5, 8, 16, rows))
+
+        found = 1 if invariant(1) else 2 if invariant(2) else 0
+        batch_min_rows = 0 if not found or not batch_min_rows else max(batch_min_rows, found)
+    if not batch_min_rows:
+        warnings.warn("this CPU's attention kernel gives a row other bits beside other rows (in float32 on x86:"
+                      " MKL ran before specdec could set MKL_CBWR; import specdec first), so tree verification here"
+                      " is not bit-exact: greedy output may differ from the target alone")
+        return AttentionMode(2)
+    most = 32 // groups
+    if most >= 2:
+        cases = [(rand(most, 3, groups, d), rand(1, 3, keys, d), rand(1, 3, keys, d)) for keys in (100, 700)]
+        for min_rows in (1, 2):
+            mode = AttentionMode(batch_min_rows, most, min_rows)
+            if all(_same_rows(_head_attention(q[:n], k, v, None, mode),
+                              [_head_attention(q[i: i + 1], k, v, None, mode) for i in range(most)])
+                   for q, k, v in cases for n in range(2, most + 1)):
+                return mode
+    return AttentionMode(batch_min_rows)
+
+
+def _same_rows(together: tuple[torch.Tensor, torch.Tensor], alone: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+    """Whether each row of a call's (out, lse) has the bits that row got in a call of its own."""
+    out, lse = together
+    return all(torch.equal(out[i], alone[i][0][0]) and torch.equal(lse[i], alone[i][1][0]) for i in range(len(out)))
 
 
 AttentionInterface.register(ATTENTION, tree_attention)

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import torch
@@ -114,7 +115,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-_PROBE_VERSION = 5  # bump when what `cpu_kernels` probes changes, so every machine probes again
+_PROBE_VERSION = 6  # bump when what `cpu_kernels` probes changes, so every machine probes again
 
 
 def cpu_kernels() -> dict:
@@ -127,32 +128,56 @@ def cpu_kernels() -> dict:
     float32. Elsewhere float32, which is exact on every CPU whose packed float32 linears pass the same probe. The
     decision uses no timing: a timing taken while the machine is busy (a test suite, another tenant) could keep the
     slower precision for good.
+    """
+
+    def probe() -> dict:
+        native = cpu_has_native_bf16()
+        rows = {"bfloat16": probe_min_rows(torch.bfloat16) if native else None,
+                "float32": probe_min_rows(torch.float32)}
+        return {"dtype": "bfloat16" if rows["bfloat16"] else "float32", "native_bf16": native, "min_rows": rows}
+
+    return kept("kernels", probe)
+
+
+def kept(name: str, probe: Callable[[], Any]) -> Any:
+    """This machine's answer to one kernel probe (`probe()` the first time, then what it returned, from
+    `probe_file()`).
 
     The answers change which tokens greedy decoding prints (each precision and kernel is exact to itself, not to
-    the others), so they must not flip between runs on one machine: they are kept in `probe_file()`, keyed by the
-    CPU, torch's version and the thread count, and every later process (the app, the CLI, the benchmark) reads them.
+    the others), so they must not flip between runs on one machine: they are kept keyed by the CPU, torch's version,
+    its kernel capability and the thread count, and every later process (the app, the CLI, the benchmark) reads
+    them. A process reads the file again only when it has changed.
     """
     key = f"{_cpu_name()}|torch {torch.__version__}|{torch.get_num_threads()} threads|{platform.machine()}|" \
           f"{torch.backends.cpu.get_cpu_capability()}|probe {_PROBE_VERSION}"
     path = probe_file()
     try:
+        stamp = path.stat().st_mtime_ns
+    except OSError:
+        stamp = None
+    memo = _KEPT.get((path, key))
+    if memo is not None and memo[0] == stamp and name in memo[1]:
+        return memo[1][name]
+    try:
         known = json.loads(path.read_text())
     except (OSError, ValueError):
         known = {}
-    if key not in known:
-        native = cpu_has_native_bf16()
-        rows = {"bfloat16": probe_min_rows(torch.bfloat16) if native else None,
-                "float32": probe_min_rows(torch.float32)}
-        known[key] = {"dtype": "bfloat16" if rows["bfloat16"] else "float32", "native_bf16": native,
-                      "min_rows": rows}
+    answers = known.setdefault(key, {})
+    if name not in answers:
+        answers[name] = probe()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_suffix(f".{os.getpid()}.tmp")
             partial.write_text(json.dumps(known, indent=1))
             partial.replace(path)  # atomic: a process reading it sees the old or the new file, whole
+            stamp = path.stat().st_mtime_ns
         except OSError:
-            pass  # a read-only home: decide again next time
-    return known[key]
+            stamp = None  # a read-only home: decide again next time
+    _KEPT[(path, key)] = (stamp, answers)
+    return answers[name]
+
+
+_KEPT: dict[tuple[Path, str], tuple[int | None, dict]] = {}  # (file, key) -> (its mtime, its answers)
 
 
 def cpu_auto_dtype() -> torch.dtype:
@@ -162,17 +187,17 @@ def cpu_auto_dtype() -> torch.dtype:
 
 def row_invariant(dtype: torch.dtype) -> bool:
     """Whether this CPU's packed linears of `dtype` are row-invariant, so the verifier is bit-exact in it."""
-    return dtype in PACKED_DTYPES and cpu_kernels()["min_rows"][_dtype_name(dtype)] is not None
+    return dtype in PACKED_DTYPES and cpu_kernels()["min_rows"][dtype_name(dtype)] is not None
 
 
 def packed_min_rows(dtype: torch.dtype) -> int:
     """The rows a packed linear of `dtype` pads a smaller input to on this CPU (1 where the probe found none)."""
     if dtype not in PACKED_DTYPES:
         return 1
-    return cpu_kernels()["min_rows"][_dtype_name(dtype)] or 1
+    return cpu_kernels()["min_rows"][dtype_name(dtype)] or 1
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 

@@ -94,32 +94,49 @@ def test_sliding_window_targets_are_refused():
 
 
 
-def test_the_head_probe_stacks_rows_only_where_the_kernel_keeps_their_bits(monkeypatch):
-    """`head_mode` stacks the rows of a shared head in one call where this CPU's kernel gives each row the bits it
-    gets alone; against a stand-in kernel whose rows change with the number of queries it falls back to one batch
-    element a row (0), and the split layout's head then equals a call per row bitwise."""
+def test_the_attention_probe_keeps_each_rows_bits_whatever_the_other_rows(monkeypatch):
+    """`probe_attention_mode` pads a batch of one where a lone batch element takes another path, stacks the rows of
+    a shared head in one call where the kernel gives each row the bits it gets alone (padding a lone row to two
+    where only that differs), and against a stand-in kernel whose rows change with the number of queries falls
+    back to one batch element a row. Whatever this machine's answer (the one kept for it), every row's bits are the
+    same alone and with others."""
     from specdec import kvcache
+    from specdec.kvcache import AttentionMode
 
     real = kvcache._flash
 
+    def per_query(q, k, v, *args, **kwargs):  # each query its own batch element: the same bits whatever the others
+        b, h, n, d = q.shape
+        if kwargs.get("attn_mask") is not None:
+            kwargs["attn_mask"] = kwargs["attn_mask"].repeat_interleave(n, 0)
+        out, lse = real(q.transpose(1, 2).reshape(b * n, h, 1, d), k.repeat_interleave(n, 0),
+                        v.repeat_interleave(n, 0), *args, **kwargs)
+        return out.view(b, n, h, d).transpose(1, 2), lse.view(b, n, h).transpose(1, 2)
+
     def count_dependent(q, k, v, *args, **kwargs):
-        out, lse = real(q, k, v, *args, **kwargs)
+        out, lse = per_query(q, k, v, *args, **kwargs)
         return out * (1 + 1e-3 * q.shape[2]), lse
 
-    kvcache.head_mode.cache_clear()
+    def lone_differs(q, k, v, *args, **kwargs):  # what the CPUs measured do: a lone batch element, a lone row
+        out, lse = per_query(q, k, v, *args, **kwargs)
+        return (out * (1 + 1e-3) if q.shape[:3:2] == (1, 3) else out), lse  # one batch element of 3 queries
+
     monkeypatch.setattr(kvcache, "_flash", count_dependent)
-    assert kvcache.head_mode(torch.float32, 3, 8) == 0
-    q, k = torch.randn(4, 3, 3, 8), torch.randn(1, 3, 20, 8)
-    batched = kvcache._head_attention(q, k, k, None, 0)[0]
-    assert all(torch.equal(batched[i], kvcache._head_attention(q[i: i + 1], k, k, None, 0)[0][0]) for i in range(4))
+    assert kvcache.probe_attention_mode(torch.float32, 3, 8) == AttentionMode(1, 0, 1)
+    monkeypatch.setattr(kvcache, "_flash", lone_differs)
+    assert kvcache.probe_attention_mode(torch.float32, 3, 8) == AttentionMode(2, 10, 2)
+    monkeypatch.setattr(kvcache, "_flash", lambda q, *a, **kw: (lambda o, lse: (o * (1 + 1e-3 * q.shape[0]), lse))(
+        *per_query(q, *a, **kw)))  # every batch size its own bits: no padding helps, and the probe says so
+    with pytest.warns(UserWarning, match="not bit-exact"):
+        assert kvcache.probe_attention_mode(torch.float32, 3, 8) == AttentionMode(2)
     monkeypatch.undo()
-    kvcache.head_mode.cache_clear()
-    stack = kvcache.head_mode(torch.float32, 3, 8)
-    assert stack in (0, 10)  # this CPU's own answer: stacking 10 rows (30 queries), or none
-    if stack:
-        stacked = kvcache._head_attention(q, k, k, None, stack)[0]
-        assert all(torch.equal(stacked[i], kvcache._head_attention(q[i: i + 1], k, k, None, stack)[0][0])
-                   for i in range(4))
+    mode = kvcache.probe_attention_mode(torch.float32, 3, 8)
+    assert kvcache.attention_mode(torch.float32, 3, 8) == mode
+    q, k = torch.randn(12, 3, 3, 8), torch.randn(1, 3, 20, 8)  # more rows than one call stacks: the last holds two
+    for m in (1, 2, 11, 12):
+        together = kvcache._head_attention(q[:m], k, k, None, mode)
+        assert kvcache._same_rows(together, [kvcache._head_attention(q[i: i + 1], k, k, None, mode)
+                                             for i in range(m)])
 
 
 def test_a_fork_shares_the_weights_and_not_the_cache():
