@@ -8,7 +8,7 @@ from specdec.drafters import MambaDrafter, Sampler
 from specdec.drafters.mamba import MambaState
 from specdec.drafters.mixer import (kernels_available, mixer_forward, mixer_sequence, mixer_step_kernel,
                                     mixer_step_ref)
-from specdec.tree import TreeShape
+from specdec.tree import TreeShape, parse_shape
 from tests.tiny import tiny_mamba
 
 V = 13
@@ -89,8 +89,37 @@ def test_commit_continues_from_the_deepest_stepped_node(path):
     tree = drafter.draft(shape, Sampler(0.0, 1.0, None))
     drafter.commit(path, next_token=11)
     assert drafter.buffers is buffers  # allocated once per generation
+    drafter.catch_up()  # what the next draft does first
     seq = context + [tree.tokens[node] for node in path[1:]] + [11]
     torch.testing.assert_close(drafter.root_logits, _scratch_logits(model, seq), atol=1e-4, rtol=1e-4)
+
+
+def test_rounds_that_draft_nothing_leave_the_tokens_for_one_sequence_pass():
+    """A root-only round feeds the drafter nothing: the accepted tokens wait, and the next round that drafts feeds
+    them in one pass from the kept state, its q then that of the whole context from scratch; the sequence pass
+    from a state equals stepping token by token."""
+    model = tiny_mamba(V, seed=7)
+    drafter = MambaDrafter(model, V)
+    context, sampler = [4, 1, 9], Sampler(1.0, 1.0, torch.Generator().manual_seed(0))
+    drafter.start(context, 4)
+    calls = []
+    real_step = drafter.step
+    drafter.step = lambda *args, **kwargs: calls.append(1) or real_step(*args, **kwargs)
+    emitted = [5, 2, 12, 6]
+    for token in emitted:
+        tree = drafter.draft(parse_shape("0"), sampler)
+        assert tree.tokens == [drafter.root] and tree.parents == [-1]
+        drafter.commit([0], next_token=token)
+    assert not calls  # nothing stepped in four rounds
+    tree = drafter.draft(TreeShape((1, 1)), sampler)
+    expected = torch.softmax(_scratch_logits(model, context + emitted), -1)
+    torch.testing.assert_close(tree.q[0], expected, atol=1e-5, rtol=1e-4)
+    state, _ = drafter.prefill(context)
+    stepped = [drafter.step(torch.tensor([t]), state)[0] for t in emitted][-1]
+    fed, _ = drafter.prefill(context)
+    torch.testing.assert_close(drafter.feed(emitted, fed), stepped, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(fed.ssm, state.ssm, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(fed.conv, state.conv)
 
 
 def test_reduced_draft_head_puts_no_mass_outside_it():

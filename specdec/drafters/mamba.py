@@ -9,7 +9,10 @@ Glossary (Mamba paper / mamba-minimal):
 The whole context of a sequence is its state `s_t`, so a tree is drafted by copying the parent's state into
 one batch row per child and stepping every node of a depth in one batched call. The state of every drafted
 node is kept in buffers allocated once per generation (row 0 is the root), so catching up after
-verification is a row selection plus one step for the target's correction/bonus token.
+verification is a row selection plus the tokens the drafter has not fed yet: an accepted leaf and the target's
+correction/bonus token. The drafter feeds them when it next drafts, not at commit: a round that drafts nothing
+(the bandit's arm "0", where drafting does not pay) then costs what a plain target step costs, and the tokens of
+several such rounds are fed in one sequence pass from the kept state (`mixer_sequence`) when drafting resumes.
 
 Each layer's mixer steps with `specdec.drafters.mixer.mixer_step_ref`, in readable PyTorch; on CUDA, when
 `mamba_ssm` and `causal_conv1d` import, with its twin `mixer_step_kernel`, which runs their fused single-step
@@ -28,7 +31,7 @@ from transformers import MambaForCausalLM
 
 from specdec.drafters.base import Drafter, DraftTree, Sampler, TreeBuilder
 from specdec.drafters.cuda_graph import graphs_enabled, shared_graphs
-from specdec.drafters.mixer import kernels_available, mixer_step_kernel, mixer_step_ref
+from specdec.drafters.mixer import kernels_available, mixer_sequence, mixer_step_kernel, mixer_step_ref
 from specdec.models import LoadedModel, load_drafter_model
 from specdec.tree import TreeShape
 from specdec.vocab import fit_vocab, load_draft_vocab, scatter_head
@@ -68,6 +71,8 @@ def draft_tree(root: int, root_logits: torch.Tensor, buffers: MambaState, shape:
     it accepts). `step_level(kids [B], parent_rows [B], rows [B], state)` steps the copied rows in place and returns
     the new nodes' logits [B, V]. -> (tree, its node tokens, the first node that was not stepped)."""
     builder = TreeBuilder(root, keep_q=not sampler.greedy)
+    if not shape.depth:  # the root alone: its logits are not needed (and may not be computed yet)
+        return builder.build(shape, vocab_size), builder.tokens, 1
     frontier, frontier_logits = [0], root_logits[None]  # [1, V]
     first_leaf = 1  # nodes from here on were not stepped (none drafted yet)
     for depth, width in enumerate(shape.widths):
@@ -148,13 +153,32 @@ class MambaDrafter(Drafter):
             x = block.norm(h.to(block.norm.weight.dtype))
             residual = h.float() if block.residual_in_fp32 else h
             h = residual + self.mixer_step(block.mixer, x, state.conv[layer], state.ssm[layer])
-        if not logits:
-            return None
-        h = backbone.norm_f(h).to(self.head_weight.dtype)
+        return self._logits(h) if logits else None
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The last layer's output h [B, d] -> logits [B, V] (target width)."""
+        h = self.model.backbone.norm_f(h).to(self.head_weight.dtype)
         scores = (h @ self.head_weight.T).float()  # [B, V_head]
         if self.head_ids is not None:
             return scatter_head(scores, self.head_ids, self.vocab_size)
         return fit_vocab(scores, self.vocab_size)
+
+    @torch.inference_mode()
+    def feed(self, tokens: list[int], state: MambaState) -> torch.Tensor:
+        """Feed a sequence of tokens to one row of `state` (updated in place) -> the last token's logits [V]: one step
+        for a single token, else one sequence pass of every layer from the state (`mixer_sequence`)."""
+        if len(tokens) == 1:
+            return self.step(torch.tensor(tokens, device=self.device), state)[0]
+        backbone = self.model.backbone
+        h = backbone.embeddings(torch.tensor([tokens], device=self.device).clamp_max(self.max_input_id))  # [1, l, d]
+        for layer, block in enumerate(backbone.layers):
+            x = block.norm(h.to(block.norm.weight.dtype))
+            residual = h.float() if block.residual_in_fp32 else h
+            out, (window, s) = mixer_sequence(block.mixer, x, state=(state.conv[layer], state.ssm[layer]))
+            state.conv[layer].copy_(window)
+            state.ssm[layer].copy_(s)
+            h = residual + out
+        return self._logits(h[:, -1])[0]
 
     @torch.inference_mode()
     def prefill(self, context: list[int]) -> tuple[MambaState, torch.Tensor]:
@@ -178,22 +202,38 @@ class MambaDrafter(Drafter):
         self.buffers = MambaState.zeros(self.model, max_nodes + 1)  # row i = state after node i's token
         self.buffers.write(torch.tensor([0], device=self.device), root_state)
         self.root = context[-1]
+        self.unfed: list[int] = []  # accepted tokens row 0's state has not seen, the root last (empty: up to date)
 
     def draft(self, shape: TreeShape, sampler: Sampler) -> DraftTree:
-        tree, self.tree_tokens, self.first_leaf = draft_tree(
+        if shape.depth:
+            self.catch_up()
+        tree, self.tree_tokens, self.first_leaf = draft_tree(  # depth 0: the root alone, no logits needed
             self.root, self.root_logits, self.buffers, shape, sampler, self.vocab_size,
             lambda kids, parent_rows, rows, state: self.step(kids, state))
         return tree
 
+    def catch_up(self) -> None:
+        """Feed row 0 the accepted tokens it has not seen (`unfed`); the root's logits follow from it."""
+        if self.unfed:
+            row = torch.tensor([0], device=self.device)
+            state = self.buffers.select(row)
+            self.root_logits = self.feed(self.unfed, state)
+            self.buffers.write(row, state)
+            self.unfed = []
+
     def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = (),
                features: torch.Tensor | None = None) -> None:
-        last, unfed = deepest_stepped(path, self.first_leaf, self.tree_tokens)
-        state = self.buffers.select(torch.tensor([last], device=self.device))  # the deepest stepped node's state
-        for token in [*unfed, *unseen]:  # accepted tokens this drafter never stepped
-            self.step(torch.tensor([token], device=self.device), state, logits=False)
-        logits = self.step(torch.tensor([next_token], device=self.device), state)
-        self.buffers.write(torch.tensor([0], device=self.device), state)
-        self.root, self.root_logits = next_token, logits[0]
+        """Keep the deepest stepped node's state in row 0 and note the accepted tokens it has not fed; they are fed
+        when the drafter next drafts (`catch_up`)."""
+        if self.unfed:  # the round drafted nothing: row 0 is still the state before `unfed`
+            self.unfed += [*unseen, next_token]
+        else:
+            last, unfed = deepest_stepped(path, self.first_leaf, self.tree_tokens)
+            if last:
+                self.buffers.write(torch.tensor([0], device=self.device),
+                                   self.buffers.select(torch.tensor([last], device=self.device)))
+            self.unfed = [*unfed, *unseen, next_token]  # accepted tokens this drafter never stepped, the root
+        self.root, self.root_logits = next_token, None
 
     def state_bytes(self) -> int:
         return self.buffers.nbytes

@@ -13,7 +13,8 @@ One mixer pass is: `project_in` (x, z) -> causal depthwise conv (`conv_step` or 
 `project_out` (skip D x, gate silu(z), out_proj). Three paths are built from these pieces:
 - `mixer_step_ref`: one recurrent step from a state (the drafters' step); `mixer_step_kernel` is its twin with
   the conv and scan steps replaced by the fused CUDA kernels of causal_conv1d and mamba_ssm;
-- `mixer_sequence`: a whole sequence from a zero state, with the states after its last token (prefill);
+- `mixer_sequence`: a whole sequence from a zero state (prefill) or from a given one (a drafter catching up
+  on several tokens at once), with the states after its last token;
 - `mixer_forward`: the same sequence pass through `selective_scan`, which has its own backward (training).
 Tests check that the step, the sequence and the training pass agree, and the kernels with the reference on a GPU.
 The linear layers (in_proj, x_proj, out_proj) run in the weights' dtype, everything between them in float32.
@@ -61,15 +62,19 @@ def conv_step(mixer, window: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return mixer.act(out + bias if bias is not None else out)
 
 
-def conv_sequence(mixer, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The causal conv over x [b, l, d_in] from a zero window -> (act(conv) [b, l, d_in], window after the last
-    token [b, d_in, K]: its last K inputs, zero-padded on the left)."""
+def conv_sequence(mixer, x: torch.Tensor, window: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The causal conv over x [b, l, d_in] from a zero window, or from `window` [b, d_in, K] (the conv's inputs
+    before x, as `conv_step` keeps them) -> (act(conv) [b, l, d_in], window after the last token [b, d_in, K]: its
+    last K inputs, zero-padded on the left)."""
     length, K = x.shape[1], mixer.conv_kernel_size
     x = x.transpose(1, 2)  # [b, d_in, l]
-    window = F.pad(x, (max(K - length, 0), 0))[..., -K:]
     weight, bias = conv_weights(mixer)
-    out = F.conv1d(x, weight, bias, padding=K - 1, groups=x.shape[1])[..., :length]  # [b, d_in, l]
-    return mixer.act(out).transpose(1, 2), window
+    if window is None:
+        out = F.conv1d(x, weight, bias, padding=K - 1, groups=x.shape[1])[..., :length]  # [b, d_in, l]
+        return mixer.act(out).transpose(1, 2), F.pad(x, (max(K - length, 0), 0))[..., -K:]
+    full = torch.cat([window[..., 1:], x], dim=-1)  # [b, d_in, K - 1 + l]
+    out = F.conv1d(full, weight, bias, groups=x.shape[1])  # [b, d_in, l]
+    return mixer.act(out).transpose(1, 2), full[..., -K:]
 
 
 def ssm_parameters(mixer, x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
@@ -92,11 +97,11 @@ def scan_step(s: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tenso
     return (s @ C[..., None]).squeeze(-1)
 
 
-def scan_sequence(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                  C: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`scan_step` over l positions from a zero state: x, Δ [b, l, d_in], B, C [b, l, N] -> (C_t · s_t [b, l, d_in],
-    the last state [b, d_in, N])."""
-    s = x.new_zeros(x.shape[0], x.shape[2], A.shape[1])
+def scan_sequence(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                  s: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`scan_step` over l positions from a zero state, or from `s` [b, d_in, N] (left as it is): x, Δ [b, l, d_in],
+    B, C [b, l, N] -> (C_t · s_t [b, l, d_in], the last state [b, d_in, N])."""
+    s = x.new_zeros(x.shape[0], x.shape[2], A.shape[1]) if s is None else s.clone()
     y = [scan_step(s, x[:, t], dt[:, t], A, B[:, t], C[:, t]) for t in range(x.shape[1])]
     return torch.stack(y, dim=1), s
 
@@ -130,14 +135,16 @@ def mixer_step_kernel(mixer, hidden: torch.Tensor, conv: torch.Tensor, ssm: torc
     return _step(mixer, hidden, conv, ssm, _conv_step_kernel, _ssm_update_kernel)
 
 
-# --- a whole sequence from a zero state -------------------------------------------------------------------------
-def mixer_sequence(mixer, hidden: torch.Tensor,
-                   scan: Scan = scan_sequence) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """hidden [b, l, d] -> (out [b, l, d], (conv [b, d_in, K], ssm [b, d_in, N]) states after the last token)."""
+# --- a whole sequence from a zero state, or from a given one ----------------------------------------------------
+def mixer_sequence(mixer, hidden: torch.Tensor, scan: Scan = scan_sequence,
+                   state: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """hidden [b, l, d] -> (out [b, l, d], (conv [b, d_in, K], ssm [b, d_in, N]) states after the last token), from
+    zero states or (with `scan_sequence`) from `state`, the (conv, ssm) states before the first token."""
     x, z = project_in(mixer, hidden)  # [b, l, d_in] each
-    x, window = conv_sequence(mixer, x)
+    x, window = conv_sequence(mixer, x, None if state is None else state[0])
     dt, A, B, C = ssm_parameters(mixer, x, hidden.dtype)
-    y, s = scan(x, dt, A, B, C)
+    y, s = scan(x, dt, A, B, C) if state is None else scan(x, dt, A, B, C, state[1])
     return project_out(mixer, y, x, z, hidden.dtype), (window, s)
 
 
