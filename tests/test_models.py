@@ -108,8 +108,8 @@ def test_the_cpu_auto_dtype_is_probed_once_and_kept(monkeypatch, tmp_path):
     (tmp_path / "cpu-dtype.json").unlink()
     assert not models_module.row_invariant(torch.float32) and models_module.packed_min_rows(torch.float32) == 1
     kept = json.loads((tmp_path / "cpu-dtype.json").read_text())
-    assert [entry["dtype"] for entry in kept.values()] == ["float32"]
-    assert next(iter(kept.values()))["min_rows"] == {"bfloat16": None, "float32": None}
+    assert [entry["kernels"]["dtype"] for entry in kept.values()] == ["float32"]
+    assert next(iter(kept.values()))["kernels"]["min_rows"] == {"bfloat16": None, "float32": None}
 
 
 def test_a_converted_gguf_is_kept_exactly_and_read_back(monkeypatch, tmp_path):
