@@ -36,6 +36,8 @@ from specdec.models import LoadedModel, load_drafter_model
 from specdec.tree import TreeShape
 from specdec.vocab import fit_vocab, load_draft_vocab, scatter_head
 
+FEED_STEPS = 2  # `MambaDrafter.feed` steps up to this many tokens one by one, and runs longer runs as a sequence
+
 
 @dataclass
 class MambaState:
@@ -165,10 +167,13 @@ class MambaDrafter(Drafter):
 
     @torch.inference_mode()
     def feed(self, tokens: list[int], state: MambaState) -> torch.Tensor:
-        """Feed a sequence of tokens to one row of `state` (updated in place) -> the last token's logits [V]: one step
-        for a single token, else one sequence pass of every layer from the state (`mixer_sequence`)."""
-        if len(tokens) == 1:
-            return self.step(torch.tensor(tokens, device=self.device), state)[0]
+        """Feed a sequence of tokens to one row of `state` (updated in place) -> the last token's logits [V]: a step
+        a token for up to `FEED_STEPS` tokens, else one sequence pass of every layer from the state
+        (`mixer_sequence`), whose fixed cost pays from three tokens on."""
+        if len(tokens) <= FEED_STEPS:
+            for token in tokens[:-1]:
+                self.step(torch.tensor([token], device=self.device), state, logits=False)
+            return self.step(torch.tensor(tokens[-1:], device=self.device), state)[0]
         backbone = self.model.backbone
         h = backbone.embeddings(torch.tensor([tokens], device=self.device).clamp_max(self.max_input_id))  # [1, l, d]
         for layer, block in enumerate(backbone.layers):
