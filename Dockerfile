@@ -11,6 +11,7 @@ ARG TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 
 # A virtual environment, so that the same steps run on python:3.11-slim and on a plain Debian base, whose
 # python3 refuses system-wide pip installs (PEP 668). The app listens on all interfaces, port 7860 (app_port).
+# A shared Space takes prompts of at most 8,000 characters (local runs take the target's whole context).
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -19,7 +20,8 @@ ENV PYTHONUNBUFFERED=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     SPECDEC_HOST=0.0.0.0 \
-    SPECDEC_PORT=7860
+    SPECDEC_PORT=7860 \
+    SPECDEC_MAX_PROMPT_CHARS=8000
 
 # Spaces run the container as uid 1000.
 RUN useradd --create-home --uid 1000 user && python3 -m venv /opt/venv

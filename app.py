@@ -107,7 +107,7 @@ class Limits:
     """Per-request caps for a public deployment, from environment variables with safe defaults."""
 
     max_new_tokens: int = 512  # SPECDEC_MAX_NEW_TOKENS
-    max_prompt_chars: int = 8000  # SPECDEC_MAX_PROMPT_CHARS
+    max_prompt_chars: int = 32000  # SPECDEC_MAX_PROMPT_CHARS: about the target's 8,192 tokens; the Space sets 8000
     queue_size: int = 32  # SPECDEC_QUEUE_SIZE: requests waiting beyond this are refused by the queue
 
     @classmethod

@@ -47,7 +47,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from specdec.models import dtype_name, kept, packed_min_rows
-from specdec.packed import MAX_INVARIANT_ROWS, PACKED_DTYPES, pack_linears
+from specdec.packed import MAX_INVARIANT_ROWS, PACKED_DTYPES, head_linear, pack_linears
 from specdec.vocab import scatter_head
 
 ATTENTION = "specdec_tree"  # the attention implementation name the wrapped models are switched to
@@ -439,12 +439,12 @@ class TreeLM:
         self.head_ids = head_ids.to(self.device) if head_ids is not None else None
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         if self.head_ids is not None:
-            self.head_weight = model.get_output_embeddings().weight[self.head_ids]  # [H, d]
+            self.head = head_linear(model.get_output_embeddings().weight[self.head_ids])  # [H, d]: the draft head
         self.reset()
 
     def fork(self) -> TreeLM:
         """A copy with a cache of its own that shares the model's weights (to decode branches from one prefix)."""
-        shared = [self.model, *([self.head_weight] if self.head_ids is not None else [])]
+        shared = [self.model, *([self.head] if self.head_ids is not None else [])]
         return copy.deepcopy(self, {id(x): x for x in shared})
 
     def reset(self) -> None:
@@ -499,7 +499,7 @@ class TreeLM:
             self.cache.step = None
         if self.head_ids is None:
             return self.model.get_output_embeddings()(h)[0], h[0]  # as the model's own forward scores it
-        scores = (h[0] @ self.head_weight.T).float()  # [n, H]
+        scores = self.head(h[0]).float()  # [n, H]
         return scatter_head(scores, self.head_ids, self.vocab_size), h[0]  # [n, V_model]
 
     @torch.inference_mode()

@@ -129,6 +129,16 @@ def pack_linears(model: nn.Module, min_rows: int = 1) -> int:
     return swapped
 
 
+def head_linear(weight: torch.Tensor) -> nn.Module:
+    """`x @ weight.T` as a layer, for a weight [out, in] that is not a model's `nn.Linear` (a draft head's rows cut
+    from an embedding): a `PackedLinear` over it, so a CPU multiplies a few rows by it at the packed layout's
+    speed rather than through a plain matrix product, which reads the whole weight at a fraction of the memory's
+    speed for one row; elsewhere `F.linear`. The weight is shared, not copied."""
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta", dtype=weight.dtype)
+    linear.weight = nn.Parameter(weight.detach(), requires_grad=False)
+    return PackedLinear(linear)
+
+
 @cache
 def shape_min_rows(dtype: torch.dtype, out_features: int, in_features: int, min_rows: int) -> int:
     """1 where a lone row of this weight shape already gets the bits of any larger block's row (tried once per

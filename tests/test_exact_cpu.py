@@ -42,10 +42,11 @@ def _stepwise(base: TreeLM, tokens: list[int], parents: list[int]) -> dict[int, 
     return logits
 
 
-@pytest.mark.parametrize("context", [7, 2000])
+@pytest.mark.parametrize("context", [7, 2000, 4000, 8000])  # 8000: near SmolLM2's 8,192 positions
 def test_tree_rows_equal_single_steps_bitwise(smollm2_exact, context):
     target = smollm2_exact.target
-    text = target.tokenizer("A state-space model keeps a fixed-size state per layer. " * 200)["input_ids"]
+    sentence = "A state-space model keeps a fixed-size state per layer. "  # 12 tokens
+    text = target.tokenizer(sentence * (context // 10 + 10))["input_ids"]
     g = torch.Generator().manual_seed(context)
     base = make_verifier(target.model)
     assert base.row_invariant

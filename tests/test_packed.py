@@ -114,3 +114,19 @@ def test_a_weight_cast_to_a_dtype_this_cpu_cannot_pack_runs_unpacked(monkeypatch
     x = torch.randn(3, 16, dtype=torch.bfloat16)
     with torch.inference_mode():
         assert torch.equal(packed(x), F.linear(x, packed.weight, packed.bias)) and packed.packed is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_draft_head_cut_from_an_embedding_is_multiplied_packed(dtype):
+    """`head_linear` (a drafter's reduced head: rows of a tied embedding, no `nn.Linear` of its own) computes
+    x @ W.T with the weight packed once, sharing the weight; a head on another device runs `F.linear`."""
+    torch.manual_seed(0)
+    embedding = torch.randn(300, 64).to(dtype)
+    rows = embedding[torch.tensor([0, 5, 7, 299])]  # [4, 64]
+    head = packed_module.head_linear(rows)
+    assert isinstance(head, PackedLinear) and head.packed is not None and head.weight.data_ptr() == rows.data_ptr()
+    x = torch.randn(3, 64).to(dtype)
+    with torch.inference_mode():
+        torch.testing.assert_close(head(x).float(), (x @ rows.T).float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+    meta = packed_module.head_linear(rows.to("meta"))
+    assert meta.packed is None and meta(x.to("meta")).shape == (3, 4)

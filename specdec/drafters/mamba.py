@@ -33,6 +33,7 @@ from specdec.drafters.base import Drafter, DraftTree, Sampler, TreeBuilder
 from specdec.drafters.cuda_graph import graphs_enabled, shared_graphs
 from specdec.drafters.mixer import kernels_available, mixer_sequence, mixer_step_kernel, mixer_step_ref
 from specdec.models import LoadedModel, load_drafter_model
+from specdec.packed import head_linear
 from specdec.tree import TreeShape
 from specdec.vocab import fit_vocab, load_draft_vocab, scatter_head
 
@@ -117,7 +118,7 @@ class MambaDrafter(Drafter):
             raise ValueError("draft_vocab.json names token ids beyond the drafter's or the target's vocabulary")
         self.max_input_id = model.get_input_embeddings().num_embeddings - 1
         self.head_ids = head_ids.to(self.device) if head_ids is not None else None
-        self.head_weight = weight[self.head_ids] if head_ids is not None else weight  # reduced draft head
+        self.head = head_linear(weight[self.head_ids] if head_ids is not None else weight)  # reduced draft head
         self.graphs = None  # CUDA graphs of `step_eager`, shared with other drafters of the same model and head
         if graphs_enabled(self.device, cuda_graphs):
             head_key = tuple(self.head_ids.tolist()) if self.head_ids is not None else None
@@ -159,8 +160,8 @@ class MambaDrafter(Drafter):
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         """The last layer's output h [B, d] -> logits [B, V] (target width)."""
-        h = self.model.backbone.norm_f(h).to(self.head_weight.dtype)
-        scores = (h @ self.head_weight.T).float()  # [B, V_head]
+        h = self.model.backbone.norm_f(h).to(self.head.weight.dtype)
+        scores = self.head(h).float()  # [B, V_head]
         if self.head_ids is not None:
             return scatter_head(scores, self.head_ids, self.vocab_size)
         return fit_vocab(scores, self.vocab_size)

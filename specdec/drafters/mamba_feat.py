@@ -41,6 +41,7 @@ from specdec.drafters.base import Drafter, DraftTree, Sampler
 from specdec.drafters.mamba import MambaState, deepest_stepped, draft_tree
 from specdec.drafters.mixer import mixer_sequence, mixer_step_ref
 from specdec.models import LoadedModel, load_feat_drafter
+from specdec.packed import head_linear
 from specdec.tree import TreeShape
 from specdec.vocab import load_draft_vocab, scatter_head
 
@@ -147,7 +148,7 @@ class MambaFeatDrafter(Drafter):
             raise ValueError("draft_vocab.json names token ids beyond the target's vocabulary")
         self.embedding = embedding
         self.head_ids = head_ids.to(self.device)
-        self.head_weight = head.detach()[self.head_ids].to(model.dtype)  # [H, D]: the draft vocabulary's rows only
+        self.head = head_linear(head.detach()[self.head_ids].to(model.dtype))  # [H, D]: the draft vocabulary's rows
         self.zero_feature = torch.zeros(model.config.target_hidden, device=self.device)
 
     @staticmethod
@@ -173,7 +174,7 @@ class MambaFeatDrafter(Drafter):
         if not logits:
             return None
         guess = self.model.read_out(h)  # [B, D]
-        scores = (guess.to(self.head_weight.dtype) @ self.head_weight.T).float()  # [B, H]
+        scores = self.head(guess.to(self.head.weight.dtype)).float()  # [B, H]
         return guess, scores_to_logits(scores, self.head_ids, self.vocab_size)
 
     @torch.inference_mode()
@@ -195,7 +196,7 @@ class MambaFeatDrafter(Drafter):
             conv.append(c)
             ssm.append(s)
         guess = self.model.read_out(h[0, -1])
-        scores = (guess.to(self.head_weight.dtype) @ self.head_weight.T).float()
+        scores = self.head(guess.to(self.head.weight.dtype)).float()
         return MambaState(torch.stack(conv), torch.stack(ssm)), guess, scores_to_logits(scores, self.head_ids,
                                                                                           self.vocab_size)
 
