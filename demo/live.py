@@ -104,7 +104,7 @@ def settings_panel() -> dict:
         c["lambda_ucb"] = gr.Slider(0.0, 1.0, value=DEFAULTS["lambda_ucb"], step=0.05, label="λ_UCB",
                                     info="Weight of exploration in the bandit's UCB score")
         c["reward"] = gr.Radio([(f"{r}: {REWARD_TEXT[r]}", r) for r in REWARDS], value=DEFAULTS["reward"],
-                               label="Bandit reward")
+                               label="Bandit reward", elem_id="bandit-reward")
     return c
 
 

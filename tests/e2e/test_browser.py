@@ -44,6 +44,9 @@ def test_generate_streams_tokens_tree_and_plots(page):
     page.locator("#prompt textarea").fill("Give me three tips for staying focused while studying.")
     page.locator("#max-new-tokens input[type=number]").fill("24")
     page.locator("#max-new-tokens input[type=number]").press("Enter")
+    page.get_by_text("Advanced", exact=True).click()  # the paper's reward: the rounds do not depend on timings
+    page.locator("#bandit-reward label").filter(has_text="paper").click()
+    assert page.locator("#bandit-reward input[value=paper]").is_checked()
     page.locator("#generate-btn").click()
 
     # tokens stream in: some appear while the run is still going
