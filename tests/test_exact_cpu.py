@@ -51,10 +51,9 @@ def test_tree_rows_equal_single_steps_bitwise(smollm2_exact, context):
     base = make_verifier(target.model)
     assert base.row_invariant
     base.prefill(text[: context - 1])
-    shapes = [TreeShape.chain(15), TreeShape((2, 2, 2, 1))]  # the longest chain and the widest 16-node tree
-    if context <= 2000:  # the narrower shapes too where single steps are cheap
-        shapes[1:1] = [TreeShape((2, 2, 1, 1)), TreeShape((4, 2, 1))]
-    for shape in shapes:
+    shapes = ((15,), (2, 2, 1, 1), (4, 2, 1), (2, 2, 2, 1)) if context <= 2000 else \
+        ((15,), (2, 2, 2, 1))  # long contexts: the longest chain and the widest 16-node tree (single steps cost)
+    for shape in map(TreeShape, shapes):
         parents = shape.parents  # up to 16 nodes, root included
         tokens = [text[context - 1], *torch.randint(0, target.vocab_size, (len(parents) - 1,), generator=g).tolist()]
         tree = base.fork().extend(tokens, parents)  # [n, V]
