@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import save_model
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from specdec.packed import PACKED_DTYPES, pack_linears, probe_min_rows
+from specdec.packed import PACKED_DTYPES, SMALL_WEIGHTS, pack_linears, probe_min_rows
 from specdec.registry import KINDS, MODEL_KINDS
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -347,13 +347,17 @@ def _preset_folder(spec: str, preset: Preset) -> Path:
     return folder
 
 
-def load_model(spec: str, device: torch.device, dtype: torch.dtype, vocab_size: int | None = None) -> LoadedModel:
-    """Load a causal LM from a preset, folder, gguf file or hub id; `vocab_size` sizes random presets."""
+def load_model(spec: str, device: torch.device, dtype: torch.dtype, vocab_size: int | None = None,
+               verified: bool = True) -> LoadedModel:
+    """Load a causal LM from a preset, folder, gguf file or hub id; `vocab_size` sizes random presets.
+
+    `verified=False` for a drafter: its rows need not be row-invariant, so its small linears stay plain (`_ready`).
+    """
     preset = PRESETS.get(spec)
     try:
         if preset and preset.random:
             model = build_random_model(preset.random, vocab_size or 49152)
-            return LoadedModel(spec, _ready(model.to(dtype=dtype), device), None, f"random {preset.random}")
+            return LoadedModel(spec, _ready(model.to(dtype=dtype), device, verified), None, f"random {preset.random}")
         if preset and preset.package:
             file = _package_file(*preset.package)
             source, gguf = (str(file.parent), file.name) if file else (preset.hub_id, None)
@@ -374,15 +378,16 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype, vocab_size: 
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         offline = " (the hub is unreachable from here)" if os.environ.get("HF_HUB_OFFLINE") else ""
         raise ModelLoadError(f"could not load model {spec!r}{offline}: {first_line}") from err
-    return LoadedModel(spec, _ready(model, device), tokenizer, source + (f"/{gguf}" if gguf else ""))
+    return LoadedModel(spec, _ready(model, device, verified), tokenizer, source + (f"/{gguf}" if gguf else ""))
 
 
-def _ready(model: PreTrainedModel, device: torch.device) -> PreTrainedModel:
+def _ready(model: PreTrainedModel, device: torch.device, verified: bool = True) -> PreTrainedModel:
     """On `device`, in eval mode; a float32 or bfloat16 model on a CPU gets its linear layers packed
-    (`specdec.packed`), padded to the rows this CPU's kernels need to be row-invariant."""
+    (`specdec.packed`), padded to the rows this CPU's kernels need to be row-invariant. A model that is not
+    verified (a drafter) keeps its small linears plain; a Transformer drafter's `TreeLM` packs them all."""
     model = model.to(device).eval()
     if device.type == "cpu" and model.dtype in PACKED_DTYPES:
-        pack_linears(model, packed_min_rows(model.dtype))
+        pack_linears(model, packed_min_rows(model.dtype), 0 if verified else SMALL_WEIGHTS)
     return model
 
 
@@ -448,7 +453,7 @@ def load_drafter_model(spec: str, device: torch.device, dtype: torch.dtype, targ
                        model_type: str | None = None) -> LoadedModel:
     """A drafter that is a causal LM of its own (any architecture, or only `model_type`) sharing `target`'s
     tokenizer."""
-    loaded = load_model(spec, device, dtype, vocab_size=target.vocab_size)
+    loaded = load_model(spec, device, dtype, vocab_size=target.vocab_size, verified=False)
     if model_type and loaded.model.config.model_type != model_type:
         raise ModelLoadError(f"drafter {spec!r} is a {loaded.model.config.model_type} model, not {model_type}")
     check_vocab(target, loaded)

@@ -31,6 +31,9 @@ MAX_INVARIANT_ROWS = 32  # the verifier's block size: rows a pass holds at most 
 # The row count oneDNN lays the packed weight out for; tuned with `python -m specdec bench --cost-curve`
 # (docs/benchmarks.md): a layout for one row is neither flat nor row-invariant, 8 rows is both on the CPUs measured.
 PACK_ROWS = 8
+# A model whose rows need not be row-invariant (a Mamba drafter) keeps its linears of at most this many weights as
+# plain `F.linear`: at one row and this size the BLAS kernel beats the packed call's fixed cost (`pack_linears`).
+SMALL_WEIGHTS = 1024 * 256
 
 
 @cache
@@ -111,18 +114,19 @@ class PackedLinear(nn.Linear):
         return _packed_linear(x, self.packed, self.bias)
 
 
-def pack_linears(model: nn.Module, min_rows: int = 1) -> int:
+def pack_linears(model: nn.Module, min_rows: int = 1, plain_up_to: int = 0) -> int:
     """Swap every CPU `nn.Linear` of `model` in a packable dtype for a `PackedLinear` (in place; idempotent).
 
     `min_rows` (the probe's answer for the dtype) pads lone rows only in layers whose shape needs it
-    (`shape_min_rows`): padding is a copy on every call. Returns how many were swapped; 0 where packing is
-    unavailable. The model's outputs change only by the rounding of another kernel.
+    (`shape_min_rows`): padding is a copy on every call. Linears of at most `plain_up_to` weights stay as
+    they are (for a model whose bits need not be row-invariant: `SMALL_WEIGHTS`). Returns how many were swapped;
+    0 where packing is unavailable. The model's outputs change only by the rounding of another kernel.
     """
     swapped = 0
     for name, module in list(model.named_modules()):
         weight = module.weight if type(module) is nn.Linear else None
-        if weight is not None and weight.dtype in PACKED_DTYPES and weight.device.type == "cpu" and \
-                packing_available(weight.dtype):
+        if weight is not None and weight.numel() > plain_up_to and weight.dtype in PACKED_DTYPES and \
+                weight.device.type == "cpu" and packing_available(weight.dtype):
             rows = 1 if min_rows == 1 else shape_min_rows(weight.dtype, *weight.shape, min_rows)
             model.set_submodule(name, PackedLinear(module, rows))
             swapped += 1

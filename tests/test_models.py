@@ -61,8 +61,8 @@ def no_drafters(monkeypatch, tmp_path, tiny_models):
     """The default presets with an empty assets/ folder; the default target is the tiny one (no 40 s load)."""
     real = models_module.load_model
 
-    def load(spec, device, dtype, vocab_size=None):
-        return tiny_models.target if spec == DEFAULT_TARGET else real(spec, device, dtype, vocab_size)
+    def load(spec, device, dtype, vocab_size=None, verified=True):
+        return tiny_models.target if spec == DEFAULT_TARGET else real(spec, device, dtype, vocab_size, verified)
 
     monkeypatch.setattr(models_module, "load_model", load)
     monkeypatch.setattr(models_module, "ASSETS", tmp_path)
