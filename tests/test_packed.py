@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.kvcache import MAX_INVARIANT_ROWS
-from specdec.models import packed_min_rows, row_invariant
+from specdec.models import load_model, packed_min_rows, row_invariant
 import specdec.packed as packed_module
-from specdec.packed import PackedLinear, pack_linears, packing_available, probe_min_rows
+from specdec.packed import SMALL_WEIGHTS, PackedLinear, pack_linears, packing_available, probe_min_rows
 
 pytestmark = pytest.mark.skipif(not packing_available(torch.bfloat16) or not packing_available(torch.float32),
                                 reason="no oneDNN packed linear on this CPU/build")
@@ -106,18 +106,16 @@ def test_pack_linears_keeps_tied_weights_and_autograd():
 
 
 def test_a_drafter_keeps_its_small_linears_plain():
-    """A model that is not verified packs only its large linears; the target packs all of them."""
-    from specdec.models import load_model
-    from specdec.packed import SMALL_WEIGHTS
-
+    """A model that is not verified packs only its large linears; a verified one packs all of them."""
     model = nn.Sequential(nn.Linear(1024, 256), nn.Linear(1024, 257, bias=False))
     assert pack_linears(model, plain_up_to=SMALL_WEIGHTS) == 1
     assert type(model[0]) is nn.Linear and isinstance(model[1], PackedLinear)
     drafter = load_model("mamba-smollm2", torch.device("cpu"), torch.float32, verified=False).model
-    target_packed = load_model("mamba-smollm2", torch.device("cpu"), torch.float32).model
-    small = [name for name, m in drafter.named_modules() if isinstance(m, nn.Linear) and m.weight.numel() <= SMALL_WEIGHTS]
+    verified = load_model("mamba-smollm2", torch.device("cpu"), torch.float32).model
+    small = [name for name, m in drafter.named_modules()
+             if isinstance(m, nn.Linear) and m.weight.numel() <= SMALL_WEIGHTS]
     assert small and all(type(drafter.get_submodule(name)) is nn.Linear for name in small)
-    assert all(isinstance(target_packed.get_submodule(name), PackedLinear) for name in small)
+    assert all(isinstance(verified.get_submodule(name), PackedLinear) for name in small)
 
 
 def test_a_weight_cast_to_a_dtype_this_cpu_cannot_pack_runs_unpacked(monkeypatch):
