@@ -129,6 +129,10 @@ class Run:
     arms: list[str] = field(default_factory=list)  # a bandit method's chosen arm, round by round
     drafter_bytes: int = 0  # the drafter's largest state (Mamba) or KV cache (Transformer) during the run
     target_kv_bytes: int = 0  # the target's largest KV cache during the run
+    prefill_ms: float | None = None  # the target's pass over the prompt (None: a peer's, not measured apart)
+    start_ms: float | None = None  # the drafter's start on the prompt
+    round_ms: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
 
 
 def run_engine(models: Models, prompt: str, config: GenerationConfig, bandit=None) -> Run:
@@ -143,7 +147,9 @@ def run_engine(models: Models, prompt: str, config: GenerationConfig, bandit=Non
                [r.draft_ms for r in rounds], [r.verify_ms for r in rounds],
                [r.bandit.arms[r.bandit.chosen].name for r in rounds if r.bandit is not None],
                max((r.drafter_state_bytes for r in rounds), default=0),
-               max((r.target_kv_bytes for r in rounds), default=0))
+               max((r.target_kv_bytes for r in rounds), default=0),
+               summary.prefill_ms, summary.drafter_start_ms, [r.round_ms for r in rounds],
+               summary.extra["prompt_tokens"])
 
 
 @torch.inference_mode()
@@ -163,7 +169,7 @@ def run_hf(models: Models, prompt: str, method: str, config: GenerationConfig, l
         t0 = time.perf_counter()
         out = target.model.generate(ids, **kwargs)
         seconds = time.perf_counter() - t0
-    return Run("", "", out[0, ids.shape[1]:].tolist(), seconds, rss.peak)
+    return Run("", "", out[0, ids.shape[1]:].tolist(), seconds, rss.peak, prompt_tokens=ids.shape[1])
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -190,6 +196,10 @@ def _aggregate(runs: list[Run], ar_runs: list[Run] | None, greedy: bool, engine:
     tested = sum(r.tested for r in runs)
     draft = [x for r in runs for x in r.draft_ms]
     verify = [x for r in runs for x in r.verify_ms]
+    # The rest of a round: acceptance, both models' commits (the drafter's catch-up) and the emitted tokens' text.
+    commit = [t - d - v for r in runs for t, d, v in zip(r.round_ms, r.draft_ms, r.verify_ms)]
+    prefill = [r.prefill_ms for r in runs if r.prefill_ms is not None]
+    start = [r.start_ms for r in runs if r.start_ms is not None]
     identical = None
     if greedy and ar_runs is not None:
         reference = {r.prompt_id: r.tokens for r in ar_runs}
@@ -200,6 +210,11 @@ def _aggregate(runs: list[Run], ar_runs: list[Run] | None, greedy: bool, engine:
         "acceptance_rate": sum(r.accepted for r in runs) / tested if engine and tested else None,
         "draft_ms_per_round": statistics.mean(draft) if draft else None,
         "verify_ms_per_round": statistics.mean(verify) if verify else None,
+        "commit_ms_per_round": statistics.mean(commit) if commit else None,
+        "prefill_ms": statistics.mean(prefill) if prefill else None,
+        "drafter_start_ms": statistics.mean(start) if start else None,
+        "rounds": rounds if engine else None,
+        "prompt_tokens": statistics.mean(r.prompt_tokens for r in runs),
         "peak_rss_mb": max(r.peak_rss for r in runs) / 2**20,
         "identical_to_ar": identical,
         "new_tokens": sum(len(r.tokens) for r in runs),
@@ -267,11 +282,17 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
                       "reward": (spec.reward or reward) if spec.base.endswith("-ucb") else None,
                       "lookup_branch": spec.lookup_branch}
                for name, spec in zip(methods, parsed)}
-    ar = results["ar"]
+    kinds = list(dict.fromkeys(item.get("kind", "") for item in prompts))
+    for name, spec in zip(methods, parsed):  # the same figures for each kind of prompt (each context length)
+        results[name]["by_kind"] = {
+            kind: _aggregate([r for r in runs[name] if r.kind == kind],
+                             [r for r in runs["ar"] if r.kind == kind] if spec.base != FLOAT32_AR else None,
+                             greedy, spec.base not in HF_METHODS) for kind in kinds}
+    for res in results.values():
+        _relative(res, results["ar"])
+        for kind, part in res["by_kind"].items():
+            _relative(part, results["ar"]["by_kind"][kind])
     for name, res in results.items():
-        res["speedup_vs_ar"] = res["tokens_per_s"] / ar["tokens_per_s"]
-        verify, step = res["verify_ms_per_round"], ar["verify_ms_per_round"]
-        res["verify_over_ar_step"] = verify / step if verify is not None and step else None
         if greedy and "hf-ar" in runs:
             res["vs_hf_ar"] = agreement(runs[name], runs["hf-ar"])
     return {"config": {
@@ -284,6 +305,13 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
         "bandit_scope": bandit_scope, "arms": arms or DEFAULT_ARMS, "reward": reward,
         "lambda_ucb": lambda_ucb if lambda_ucb is not None else GenerationConfig.lambda_ucb,
         "torch_threads": torch.get_num_threads()}, "methods": results}
+
+
+def _relative(res: dict, ar: dict) -> None:
+    """A method's throughput and verification cost against `ar`'s on the same prompts."""
+    res["speedup_vs_ar"] = res["tokens_per_s"] / ar["tokens_per_s"]
+    verify, step = res["verify_ms_per_round"], ar["verify_ms_per_round"]
+    res["verify_over_ar_step"] = verify / step if verify is not None and step else None
 
 
 def verifier_layout(models: Models) -> str:
@@ -355,29 +383,49 @@ def write_csv(result: dict, path: str) -> None:
 
 
 # --- long contexts --------------------------------------------------------------------------------------------
-LONG_TOPICS = ("compound", "types", "formatstrings")  # long sections of the Python docs (`pydoc_data.topics`)
+LONG_TOPICS = ("specialnames", "compound", "types")  # the longest sections of the Python docs (`pydoc_data.topics`)
+LONG_LENGTHS = (2500,)  # passage tokens of `bench --long` without a list
 
 
-def long_prompts(tokenizer, min_tokens: int = 3000) -> list[dict]:
-    """Summaries of three long passages of the Python documentation, each at least `min_tokens` tokens long.
+def long_prompts(tokenizer, lengths=LONG_LENGTHS, topics=LONG_TOPICS) -> list[dict]:
+    """Summaries of long passages of the Python documentation: one per topic and length, each cut at the first
+    paragraph end past `length` tokens; kind `long-<length>`.
 
-    The passages come from the same place as the distillation corpus's prose (`pydoc_data.topics`), cut at the
-    first paragraph end past `min_tokens`.
+    The passages come from the same place as the distillation corpus's prose (`pydoc_data.topics`).
     """
     import pydoc_data.topics
 
     prompts = []
-    for topic in LONG_TOPICS:
-        paragraphs, text = pydoc_data.topics.topics[topic].split("\n\n"), ""
-        for paragraph in paragraphs:
-            text += paragraph.strip() + "\n\n"
-            if len(text) > 3 * min_tokens and len(tokenizer(text)["input_ids"]) >= min_tokens:
-                break
-        else:
-            raise ValueError(f"the Python docs' topic {topic!r} is shorter than {min_tokens} tokens here")
-        prompts.append({"id": f"long-{topic}", "kind": "long",
-                        "prompt": f"Summarise this part of the Python documentation in a few sentences:\n\n{text}"})
+    for length in lengths:
+        for topic in topics:
+            paragraphs, text = pydoc_data.topics.topics[topic].split("\n\n"), ""
+            for paragraph in paragraphs:
+                text += paragraph.strip() + "\n\n"
+                if len(text) > 3 * length and len(tokenizer(text)["input_ids"]) >= length:
+                    break
+            else:
+                raise ValueError(f"the Python docs' topic {topic!r} is shorter than {length} tokens here")
+            prompts.append({"id": f"long-{length}-{topic}", "kind": f"long-{length}",
+                            "prompt": f"Summarise this part of the Python documentation in a few sentences:\n\n{text}"})
     return prompts
+
+
+def breakdown_table(result: dict) -> str:
+    """Where the time goes, per method and kind of prompt (a context length for `--long`): the target's prefill,
+    the drafter's start, and per round drafting, verification and the rest (acceptance and both commits)."""
+    rows = ["| method | prompts | prompt tokens | tok/s | speed-up vs ar | prefill ms | drafter start ms | rounds | "
+            "draft ms/round | verify ms/round | commit ms/round | verify / ar step | acceptance | drafter MiB |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, r in result["methods"].items():
+        for kind, k in r["by_kind"].items():
+            rows.append(f"| {name} | {kind} | {_fmt(k['prompt_tokens'], '.0f')} | "
+                        f"{_fmt(k['tokens_per_s'], '.1f')} | {_fmt(k['speedup_vs_ar'], '.2f')}x | "
+                        f"{_fmt(k['prefill_ms'], '.0f')} | "
+                        f"{_fmt(k['drafter_start_ms'], '.0f')} | {_fmt(k['rounds'], 'd')} | "
+                        f"{_fmt(k['draft_ms_per_round'], '.1f')} | {_fmt(k['verify_ms_per_round'], '.1f')} | "
+                        f"{_fmt(k['commit_ms_per_round'], '.1f')} | {_fmt(k.get('verify_over_ar_step'), '.2f')} | "
+                        f"{_fmt(k['acceptance_rate'], '.2f')} | {_fmt(k.get('drafter_mb'), '.2f')} |")
+    return "\n".join(rows)
 
 
 # --- verification cost -----------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 
+from specdec.bench import LONG_LENGTHS
 from specdec.config import BANDIT_SCOPES, DEFAULT_ARMS, METHODS, REWARDS, GenerationConfig
 from specdec.models import DEFAULT_TARGET, ModelLoadError, Models
 from specdec.registry import KINDS, MODEL_KINDS
@@ -102,9 +103,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--context-lengths", default=None, help="e.g. 256,1024,4096: drafter latency/memory study")
     b.add_argument("--cost-curve", default=None,
                    help="e.g. 400,2000: what verifying 1-16 tokens costs, in target steps, after that many tokens")
-    b.add_argument("--long", action="store_true",
-                   help="the long-context comparison: three summaries of passages of 3,000+ tokens instead of the "
-                        "prompt files (e.g. --methods ar,mamba-ucb,tf-tree)")
+    b.add_argument("--long", nargs="?", const=",".join(map(str, LONG_LENGTHS)), default=None, metavar="TOKENS",
+                   help="the long-context comparison instead of the prompt files: summaries of three passages of "
+                        "the Python docs cut at each length, e.g. --long 2500,4500,7500 (default "
+                        f"{','.join(map(str, LONG_LENGTHS))}; --limit N: the first N passages a length), with a "
+                        "table of where the time goes per length")
     b.add_argument("--out", default="results.json")
     b.add_argument("--csv", default=None)
     b.add_argument("--plot", default="context.html", help="where the context-length plot is written")
@@ -142,12 +145,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
         methods = _split_methods(args.methods)
         if args.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
-        prompts = bench.long_prompts(models.target.tokenizer) if args.long else \
-            bench.load_prompts(args.prompts, args.limit)
+        if args.long:
+            lengths = [int(x) for x in args.long.split(",")]
+            prompts = bench.long_prompts(models.target.tokenizer, lengths, bench.LONG_TOPICS[: args.limit or None])
+        else:
+            prompts = bench.load_prompts(args.prompts, args.limit)
         result.update(bench.benchmark(models, prompts, methods, args.max_new_tokens, args.temperature, args.repeats,
                                       args.seed, args.lookup_tokens, args.bandit_scope, args.arms, args.reward,
                                       args.lambda_ucb, log=log))
         print(bench.markdown_table(result))
+        if args.long:
+            print("\n" + bench.breakdown_table(result))
         if args.csv:
             bench.write_csv(result, args.csv)
     with open(args.out, "w") as f:

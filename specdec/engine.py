@@ -149,12 +149,18 @@ def _setup(models: Models, prompt: str, config: GenerationConfig, chat: bool,
                        set(eos if isinstance(eos, list) else [eos] if eos is not None else []))
 
 
-def _prefill(g: _Generation) -> None:
-    """The prompt into the target's cache and the drafter's state; its last token is the first round's root."""
+def _prefill(g: _Generation) -> tuple[float, float]:
+    """The prompt into the target's cache and the drafter's state; its last token is the first round's root.
+
+    -> (the target's prefill, the drafter's start) in ms."""
+    t0 = time.perf_counter()
     if len(g.prompt_ids) > 1:
         g.verifier.prefill(g.prompt_ids[:-1])
+    _sync(g.target.device)
+    t1 = time.perf_counter()
     g.drafter.start(g.prompt_ids, max(s.num_drafted for s in g.shapes), g.verifier.hidden)  # hidden: prompt[:-1]
     _sync(g.target.device)
+    return (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3
 
 
 def _accept(tree: DraftTree, logits: torch.Tensor, config: GenerationConfig, generator: torch.Generator,
@@ -235,11 +241,12 @@ def _record(g: _Generation, r: _Round, details: bool) -> RoundRecord:
     )
 
 
-def _summary(g: _Generation, prefill_ms: float) -> Summary:
+def _summary(g: _Generation, prefill_ms: float, start_ms: float) -> Summary:
     seconds, n = g.seconds, len(g.new_ids)
     return Summary(
         method=g.config.method, text=g.target.tokenizer.decode(g.new_ids, skip_special_tokens=True),
-        token_ids=g.new_ids, new_tokens=n, rounds=g.rounds, prefill_ms=prefill_ms, seconds=seconds,
+        token_ids=g.new_ids, new_tokens=n, rounds=g.rounds, prefill_ms=prefill_ms, drafter_start_ms=start_ms,
+        seconds=seconds,
         tokens_per_s=n / seconds if seconds > 0 else 0.0, mean_accepted_len=n / g.rounds if g.rounds else 0.0,
         acceptance_rate=g.accepted / g.tested if g.tested else None, drafted_tokens=g.drafted,
         stop_reason=g.stop_reason, accepted_tokens=g.accepted, tested_positions=g.tested,
@@ -258,9 +265,7 @@ def generate(models: Models, prompt: str, config: GenerationConfig, stop: thread
     record's tree nodes empty (a benchmark needs only the timings and counts).
     """
     g = _setup(models, prompt, config, chat, bandit)
-    t0 = time.perf_counter()
-    _prefill(g)
-    prefill_ms = (time.perf_counter() - t0) * 1e3
+    prefill_ms, start_ms = _prefill(g)
     while len(g.new_ids) < config.max_new_tokens:
         if stop is not None and stop.is_set():
             g.stop_reason = "stopped"
@@ -271,4 +276,4 @@ def generate(models: Models, prompt: str, config: GenerationConfig, stop: thread
         yield _record(g, r, details)
         if g.stop_reason == "eos":
             break
-    yield _summary(g, prefill_ms)
+    yield _summary(g, prefill_ms, start_ms)

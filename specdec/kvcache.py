@@ -479,7 +479,8 @@ class TreeLM:
     def _forward(self, tokens: list[int], start: int, prefill: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """One model pass over region entries `start:start + len(tokens)`.
 
-        -> (logits [len(tokens), V], the last hidden states [len(tokens), D] the output layer scored).
+        -> (logits [len(tokens), V], or [1, V] of the last token for a prefill; the last hidden states
+        [len(tokens), D]).
         """
         end = start + len(tokens)
         ids = torch.tensor([tokens], device=self.device)  # [1, n]
@@ -497,14 +498,15 @@ class TreeLM:
             self.cache.placed = self.cache.step.placed
         finally:
             self.cache.step = None
+        scored = h[:, -1:] if prefill else h  # a prompt's other positions need no logits
         if self.head_ids is None:
-            return self.model.get_output_embeddings()(h)[0], h[0]  # as the model's own forward scores it
-        scores = self.head(h[0]).float()  # [n, H]
+            return self.model.get_output_embeddings()(scored)[0], h[0]  # as the model's own forward scores it
+        scores = self.head(scored[0]).float()  # [n, H]
         return scatter_head(scores, self.head_ids, self.vocab_size), h[0]  # [n, V_model]
 
     @torch.inference_mode()
     def prefill(self, tokens: list[int]) -> torch.Tensor:
-        """Append a prompt to an empty cache in one causal pass (block layout). -> logits [n, V].
+        """Append a prompt to an empty cache in one causal pass (block layout). -> the last token's logits [1, V].
 
         Every method prefills the same way, so their caches agree bit for bit; rows after this are row-invariant.
         """

@@ -91,7 +91,7 @@ class Summary:
     token_ids: list[int]  # the new tokens only
     new_tokens: int
     rounds: int
-    prefill_ms: float
+    prefill_ms: float  # the target's pass over the prompt
     seconds: float  # the rounds' own time: excludes prefill, each record's display work, and the time the
     # consumer spent between rounds (`generate` is a generator)
     tokens_per_s: float
@@ -101,6 +101,7 @@ class Summary:
     stop_reason: Literal["max_new_tokens", "eos", "stopped"]
     accepted_tokens: int = 0  # drafted tokens accepted over the run
     tested_positions: int = 0  # tree depths at which the target tested a drafted token
+    drafter_start_ms: float = 0.0  # the drafter's own reading of the prompt (its state or cache), after the prefill
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:

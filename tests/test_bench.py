@@ -121,3 +121,35 @@ def test_context_study(tiny_models, tmp_path):
     assert large["tf_kv_bytes"] / 127 == small["tf_kv_bytes"] / 31  # a KV cache grows with the context
     bench.save_context_plot(study, str(tmp_path / "c.html"))
     assert "Mamba step ms" in (tmp_path / "c.html").read_text()
+
+
+def test_where_the_time_goes_per_kind(tiny_models, prompts):
+    methods = ["ar", "mamba-chain", "hf-ar"]
+    result = bench.benchmark(tiny_models, prompts, methods, max_new_tokens=8, log=lambda _: None)
+    kinds = ["code", "chat", "math"]
+    for name, row in result["methods"].items():
+        assert list(row["by_kind"]) == kinds
+        for kind, part in row["by_kind"].items():
+            assert part["prompt_tokens"] == len(next(p for p in prompts if p["kind"] == kind)["prompt"])
+            engine = not name.startswith("hf-")
+            assert (part["prefill_ms"] is not None and part["prefill_ms"] > 0) is engine  # a peer's is not apart
+            assert (part["rounds"] is not None and part["rounds"] >= 1) is engine
+            if engine:
+                assert part["drafter_start_ms"] >= 0 and part["commit_ms_per_round"] >= 0
+    assert all(part["speedup_vs_ar"] == 1.0 for part in result["methods"]["ar"]["by_kind"].values())
+    mamba = result["methods"]["mamba-chain"]
+    assert mamba["rounds"] == sum(part["rounds"] for part in mamba["by_kind"].values())
+    table = bench.breakdown_table(result)
+    assert table.count("\n| ") == len(methods) * len(kinds) and "| mamba-chain | math | 7 |" in table
+
+
+def test_long_prompts_cut_each_passage_at_each_length(tiny_models):
+    tokenizer = tiny_models.target.tokenizer  # one token a character
+    items = bench.long_prompts(tokenizer, [300, 900], bench.LONG_TOPICS[:2])
+    assert [i["kind"] for i in items] == ["long-300", "long-300", "long-900", "long-900"]
+    assert len({i["id"] for i in items}) == 4
+    for short, long in zip(items[:2], items[2:]):
+        assert len(tokenizer(short["prompt"])["input_ids"]) >= 300
+        assert long["prompt"].startswith(short["prompt"].rstrip())  # the same passage, cut later
+    with pytest.raises(ValueError, match="shorter than"):
+        bench.long_prompts(tokenizer, [10**6], bench.LONG_TOPICS[:1])

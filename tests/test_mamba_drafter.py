@@ -6,8 +6,9 @@ import torch
 
 from specdec.drafters import MambaDrafter, Sampler
 from specdec.drafters.mamba import MambaState
+from specdec.drafters import mixer as mixer_module
 from specdec.drafters.mixer import (kernels_available, mixer_forward, mixer_sequence, mixer_step_kernel,
-                                    mixer_step_ref)
+                                    mixer_step_ref, scan_sequence, scan_step)
 from specdec.tree import TreeShape, parse_shape
 from tests.tiny import tiny_mamba
 
@@ -43,6 +44,26 @@ def test_mixer_step_sequence_and_training_paths_agree():
     torch.testing.assert_close(trained, out, atol=1e-5, rtol=1e-5)
     trained.square().sum().backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in mixer.parameters())
+
+
+def test_the_sequence_scan_equals_steps_across_its_chunks(monkeypatch):
+    """`scan_sequence` makes Ā and B̄x a chunk of time steps at a time: its outputs and last state equal `scan_step`'s
+    over lengths that end inside, at, and past a chunk's end, from a zero state and from a given one (not changed)."""
+    monkeypatch.setattr(mixer_module, "SCAN_CHUNK", 4)
+    g = torch.Generator().manual_seed(1)
+    b, d, n = 2, 6, 3
+    A = -torch.rand(d, n, generator=g)
+    for length in (3, 4, 9):
+        x, dt = torch.randn(b, length, d, generator=g), torch.rand(b, length, d, generator=g)
+        B, C = torch.randn(b, length, n, generator=g), torch.randn(b, length, n, generator=g)
+        for start in (None, torch.randn(b, d, n, generator=g)):
+            s = torch.zeros(b, d, n) if start is None else start.clone()
+            stepped = torch.stack([scan_step(s, x[:, t], dt[:, t], A, B[:, t], C[:, t]) for t in range(length)], 1)
+            kept = None if start is None else start.clone()
+            y, last = scan_sequence(x, dt, A, B, C, start)
+            torch.testing.assert_close(y, stepped)
+            torch.testing.assert_close(last, s)
+            assert start is None or torch.equal(start, kept)
 
 
 def test_step_matches_full_sequence_forward():

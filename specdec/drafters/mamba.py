@@ -12,7 +12,8 @@ node is kept in buffers allocated once per generation (row 0 is the root), so ca
 verification is a row selection plus the tokens the drafter has not fed yet: an accepted leaf and the target's
 correction/bonus token. The drafter feeds them when it next drafts, not at commit: a round that drafts nothing
 (the bandit's arm "0", where drafting does not pay) then costs what a plain target step costs, and the tokens of
-several such rounds are fed in one sequence pass from the kept state (`mixer_sequence`) when drafting resumes.
+several such rounds are fed in one sequence pass from the kept state (`mixer_sequence`) when drafting resumes;
+the prompt is read the same way, from a zero state.
 
 Each layer's mixer steps with `specdec.drafters.mixer.mixer_step_ref`, in readable PyTorch; on CUDA, when
 `mamba_ssm` and `causal_conv1d` import, with its twin `mixer_step_kernel`, which runs their fused single-step
@@ -188,19 +189,10 @@ class MambaDrafter(Drafter):
 
     @torch.inference_mode()
     def prefill(self, context: list[int]) -> tuple[MambaState, torch.Tensor]:
-        """Run the prompt from a zero state with the model's full-sequence path; -> (state of 1 row, logits [V])."""
-        ids = torch.tensor([context], device=self.device).clamp_max(self.max_input_id)
-        out = self.model(input_ids=ids, use_cache=True)
-        layers = (out.cache if hasattr(out, "cache") else out.cache_params).layers  # 5.17 calls it cache_params
-        conv = torch.stack([layer.conv_states[0][:, :, -self.model.config.conv_kernel:] for layer in layers]).float()
-        ssm = torch.stack([layer.recurrent_states[0] for layer in layers]).float()
-        logits = out.logits[0, -1]
-        if self.head_ids is not None:  # q must come from the same head as the drafting steps
-            return MambaState(conv, ssm), self._reduce(logits)
-        return MambaState(conv, ssm), fit_vocab(logits.float(), self.vocab_size)
-
-    def _reduce(self, logits: torch.Tensor) -> torch.Tensor:
-        return scatter_head(logits[self.head_ids].float(), self.head_ids, self.vocab_size)
+        """Run the prompt from a zero state (`feed`: one sequence pass of every layer) -> (state of 1 row, logits
+        [V])."""
+        state = MambaState.zeros(self.model, 1)
+        return state, self.feed(context, state)
 
     # --- the Drafter interface ----------------------------------------------------------------------------
     def start(self, context: list[int], max_nodes: int, features: torch.Tensor | None = None) -> None:

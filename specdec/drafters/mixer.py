@@ -97,13 +97,29 @@ def scan_step(s: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tenso
     return (s @ C[..., None]).squeeze(-1)
 
 
+SCAN_CHUNK = 256  # time steps whose Ā and B̄x `scan_sequence` makes at once: 2 x chunk x d_in x N floats a row
+
+
 def scan_sequence(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                   s: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`scan_step` over l positions from a zero state, or from `s` [b, d_in, N] (left as it is): x, Δ [b, l, d_in],
-    B, C [b, l, N] -> (C_t · s_t [b, l, d_in], the last state [b, d_in, N])."""
-    s = x.new_zeros(x.shape[0], x.shape[2], A.shape[1]) if s is None else s.clone()
-    y = [scan_step(s, x[:, t], dt[:, t], A, B[:, t], C[:, t]) for t in range(x.shape[1])]
-    return torch.stack(y, dim=1), s
+    B, C [b, l, N] -> (C_t · s_t [b, l, d_in], the last state [b, d_in, N]).
+
+    Per chunk of time steps, Ā = exp(Δ A) and B̄x = Δ x B are made for all its steps at once, and B̄x is then
+    turned into the states in place, s_t = Ā_t s_{t-1} + B̄x_t, one fused multiply-add a step; C · s is read off
+    all the chunk's states in one batched product."""
+    state = x.new_zeros(x.shape[0], x.shape[2], A.shape[1]) if s is None else s
+    ys = []
+    for t0 in range(0, x.shape[1], SCAN_CHUNK):
+        t = slice(t0, t0 + SCAN_CHUNK)
+        decay = torch.exp(dt[:, t, :, None] * A)  # Ā [b, T, d_in, N]
+        h = (dt[:, t] * x[:, t])[..., None] * B[:, t, None, :]  # B̄x [b, T, d_in, N], then the states
+        h[:, 0].addcmul_(decay[:, 0], state)
+        for i in range(1, h.shape[1]):
+            h[:, i].addcmul_(decay[:, i], h[:, i - 1])
+        ys.append((h @ C[:, t, :, None]).squeeze(-1))  # [b, T, d_in]
+        state = h[:, -1]
+    return torch.cat(ys, dim=1), state.clone()
 
 
 def project_out(mixer, y: torch.Tensor, x: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

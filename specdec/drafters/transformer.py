@@ -49,7 +49,7 @@ class TransformerDrafter(Drafter):
     def start(self, context: list[int], max_nodes: int, features: torch.Tensor | None = None) -> None:
         self.lm.reset()
         if len(context) > 1:
-            self.lm.feed(self._inputs(context[:-1]))
+            self.lm.prefill(self._inputs(context[:-1]))  # one causal pass, no tree mask
         self.pending = [context[-1]]  # tokens not yet in the drafter's cache; the last one is the root
 
     def draft(self, shape: TreeShape, sampler: Sampler) -> DraftTree:
