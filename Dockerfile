@@ -21,7 +21,7 @@ ENV PYTHONUNBUFFERED=1 \
     PATH=/opt/venv/bin:$PATH \
     SPECDEC_HOST=0.0.0.0 \
     SPECDEC_PORT=7860 \
-    SPECDEC_MAX_PROMPT_CHARS=8000
+    SPECDEC_MAX_PROMPT_CHARS=9000
 
 # Spaces run the container as uid 1000.
 RUN useradd --create-home --uid 1000 user && python3 -m venv /opt/venv

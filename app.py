@@ -28,8 +28,9 @@ from demo import presenter
 from demo.compare import compare_html
 from demo.explainer import explainer_html
 from demo.live import DEFAULTS, LOOKUP_BRANCH, METHODS, SETTINGS, live_panel
+from demo.long_context import long_context_tab
 from demo.plots import bandit_figure, memory_figure, speed_figure
-from demo.prompts import load_prompts
+from demo.prompts import LONG_DOCUMENT, load_prompts, long_documents
 from demo.replay import recorded_runs
 from demo.replay_ui import replay_panel, wire_replay
 from demo.runner import in_background
@@ -43,6 +44,7 @@ from specdec.registry import KINDS
 ROOT = Path(__file__).resolve().parent
 EXPORTS = Path(tempfile.gettempdir()) / "specdec-exports"
 RUNS = ROOT / "assets" / "runs"  # recorded runs offered in the Replay tab (scripts/record_runs.py)
+LONG_CONTEXT = ROOT / "assets" / "bench" / "long-context.json"  # `bench --long` result for the Long documents tab
 PLOT_EVERY_S = 1.0  # plots are re-drawn at most this often while streaming; text and tree every round batch
 CANCEL_WAIT_S = 2.0  # a cancelled `complete` waits this long for its engine run to end (a round takes far less)
 
@@ -107,7 +109,7 @@ class Limits:
     """Per-request caps for a public deployment, from environment variables with safe defaults."""
 
     max_new_tokens: int = 512  # SPECDEC_MAX_NEW_TOKENS
-    max_prompt_chars: int = 32000  # SPECDEC_MAX_PROMPT_CHARS: about the target's 8,192 tokens; the Space sets 8000
+    max_prompt_chars: int = 32000  # SPECDEC_MAX_PROMPT_CHARS: about the target's 8,192 tokens; the Space sets 9000
     queue_size: int = 32  # SPECDEC_QUEUE_SIZE: requests waiting beyond this are refused by the queue
 
     @classmethod
@@ -389,7 +391,7 @@ INTRO = (
 
 
 def build_app(engine: Engine | None, prompts_dir: Path = ROOT / "assets" / "prompts", runs_dir: Path = RUNS,
-              replay_only: str = "", limits: Limits | None = None) -> gr.Blocks:
+              replay_only: str = "", limits: Limits | None = None, long_context: Path = LONG_CONTEXT) -> gr.Blocks:
     """The whole page. `engine=None` (with `replay_only` saying why) serves the Replay tab alone, no model;
     `limits` default to `Limits.from_env()`."""
     limits = limits or Limits.from_env()
@@ -405,7 +407,10 @@ def build_app(engine: Engine | None, prompts_dir: Path = ROOT / "assets" / "prom
                         toggles = presenter.view_toggles()
                         with gr.Tabs(selected="replay" if engine is None else "live", elem_id="mode-tabs"):
                             with gr.Tab("Live", id="live", visible=engine is not None, elem_id="live-tab"):
-                                live = live_panel(load_prompts(prompts_dir))
+                                examples = load_prompts(prompts_dir)
+                                if long := long_documents(limits.max_prompt_chars):
+                                    examples[LONG_DOCUMENT] = long
+                                live = live_panel(examples)
                             with gr.Tab("Replay", id="replay", elem_id="replay-tab"):
                                 replay = replay_panel(runs, replay_only)
                     with gr.Column(scale=5, min_width=600, elem_id="stage"):
@@ -423,6 +428,8 @@ def build_app(engine: Engine | None, prompts_dir: Path = ROOT / "assets" / "prom
                 with gr.Row():
                     speed_plot = gr.Plot(speed_figure([]), label="Speed", elem_id="speed-plot")
                     memory_plot = gr.Plot(memory_figure([]), label="Memory", elem_id="memory-plot")
+            with gr.Tab("Long documents", id="long"):
+                long_context_tab(long_context)
             with gr.Tab("How it works", id="explainer") as explainer_tab:
                 explainer = gr.HTML(explainer_html(None, []), elem_id="explainer")
 

@@ -125,7 +125,8 @@ def live_panel(prompts: dict[str, list[dict]]) -> dict:
         with gr.Tabs():
             for kind, items in prompts.items():
                 with gr.Tab(kind.capitalize()):
+                    labels = [p["label"] for p in items] if all("label" in p for p in items) else None
                     gr.Examples([[p["prompt"]] for p in items], inputs=[c["prompt"]], examples_per_page=4,
-                                label=None)
+                                label=None, example_labels=labels)  # a label stands in for a long prompt
     c["collapsible"] = [settings, examples]
     return c

@@ -107,3 +107,33 @@ def memory_figure(rounds: list[RoundRecord]) -> go.Figure:
     fig.update_xaxes(title_text="seconds", row=1, col=1)
     fig.update_xaxes(title_text="round", row=2, col=1)
     return _layout(fig, 520, "")
+
+
+def context_figures(result: dict | None) -> tuple[go.Figure, go.Figure]:
+    """From a `bench --long` result (its JSON): tok/s against prompt length per method, and the drafters' memory
+    (Mamba state, Transformer KV cache) beside the target's KV cache against prompt length."""
+    if not result:
+        message = "No long-context benchmark is shipped with this copy (docs/benchmarks.md says how to make one)."
+        return empty_figure(message, 380), empty_figure(message, 380)
+    speed, memory = go.Figure(), go.Figure()
+    target_kv: dict[float, float] = {}
+    for name, row in result["methods"].items():
+        parts = sorted(row["by_kind"].values(), key=lambda part: part["prompt_tokens"])
+        x = [part["prompt_tokens"] for part in parts]
+        speed.add_trace(go.Scatter(x=x, y=[part["tokens_per_s"] for part in parts], name=name, mode="lines+markers",
+                                   hovertemplate="%{x:.0f} prompt tokens: %{y:.1f} tok/s<extra>" + name + "</extra>"))
+        if any(part.get("drafter_mb") for part in parts):
+            memory.add_trace(go.Scatter(x=x, y=[part["drafter_mb"] for part in parts], mode="lines+markers",
+                                        name=f"{name}: drafter"))
+        for part in parts:
+            if part.get("target_kv_mb"):
+                target_kv[part["prompt_tokens"]] = part["target_kv_mb"]
+    if target_kv:
+        x = sorted(target_kv)
+        memory.add_trace(go.Scatter(x=x, y=[target_kv[k] for k in x], name="target KV cache", mode="lines+markers",
+                                    line=dict(color=SWATCHES["target"].fill, dash="dash")))
+    speed.update_xaxes(title_text="prompt tokens")
+    speed.update_yaxes(title_text="tokens / s (prefill included)", rangemode="tozero")
+    memory.update_xaxes(title_text="prompt tokens")
+    memory.update_yaxes(title_text="MiB (largest during the run)", rangemode="tozero")
+    return _layout(speed, 380, "Speed against prompt length"), _layout(memory, 380, "Memory against prompt length")

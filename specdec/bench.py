@@ -18,6 +18,7 @@ import statistics
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import partial
@@ -31,6 +32,7 @@ from specdec.bandit import UCBBandit
 from specdec.config import BANDIT_SCOPES, DEFAULT_ARMS, LOOKUP_BRANCH, METHODS, REWARDS, GenerationConfig
 from specdec.engine import encode_prompt, generate
 from specdec.models import Models
+from specdec.passages import LONG_TOPICS, long_passage, summary_prompt
 from specdec.records import RoundRecord, Summary
 
 HF_METHODS = ("hf-ar", "hf-assisted", "hf-lookup")
@@ -383,31 +385,18 @@ def write_csv(result: dict, path: str) -> None:
 
 
 # --- long contexts --------------------------------------------------------------------------------------------
-LONG_TOPICS = ("specialnames", "compound", "types")  # the longest sections of the Python docs (`pydoc_data.topics`)
 LONG_LENGTHS = (2500,)  # passage tokens of `bench --long` without a list
 
 
 def long_prompts(tokenizer, lengths=LONG_LENGTHS, topics=LONG_TOPICS) -> list[dict]:
-    """Summaries of long passages of the Python documentation: one per topic and length, each cut at the first
-    paragraph end past `length` tokens; kind `long-<length>`.
+    """Summaries of long passages of the Python docs (`specdec.passages`): one per topic and length, each passage
+    cut at the first paragraph end past `length` tokens; kind `long-<length>`."""
+    def at_least(length: int) -> Callable[[str], bool]:
+        return lambda text: len(text) > 3 * length and len(tokenizer(text)["input_ids"]) >= length
 
-    The passages come from the same place as the distillation corpus's prose (`pydoc_data.topics`).
-    """
-    import pydoc_data.topics
-
-    prompts = []
-    for length in lengths:
-        for topic in topics:
-            paragraphs, text = pydoc_data.topics.topics[topic].split("\n\n"), ""
-            for paragraph in paragraphs:
-                text += paragraph.strip() + "\n\n"
-                if len(text) > 3 * length and len(tokenizer(text)["input_ids"]) >= length:
-                    break
-            else:
-                raise ValueError(f"the Python docs' topic {topic!r} is shorter than {length} tokens here")
-            prompts.append({"id": f"long-{length}-{topic}", "kind": f"long-{length}",
-                            "prompt": f"Summarise this part of the Python documentation in a few sentences:\n\n{text}"})
-    return prompts
+    return [{"id": f"long-{length}-{topic}", "kind": f"long-{length}",
+             "prompt": summary_prompt(long_passage(topic, at_least(length)))}
+            for length in lengths for topic in topics]
 
 
 def breakdown_table(result: dict) -> str:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from demo.colours import SWATCHES
 from demo.live import WAYS
-from demo.plots import CHOSEN, MIB, OTHER, bandit_figure, memory_figure, running_rate, speed_figure
+from demo.long_context import load_result, result_table
+from demo.plots import CHOSEN, MIB, OTHER, bandit_figure, context_figures, memory_figure, running_rate, speed_figure
 from specdec.records import ArmStat, BanditSnapshot, EmittedToken, RoundRecord, TreeNode
 
 
@@ -70,3 +73,42 @@ def test_memory_figure_compares_drafter_state_with_kv_cache():
 def test_empty_runs_give_placeholders():
     assert "while generating" in speed_figure([]).layout.annotations[0].text
     assert "while generating" in memory_figure([]).layout.annotations[0].text
+
+
+def long_result() -> dict:
+    """A `bench --long` result's shape: per method, one part per prompt length."""
+    def part(tokens, tps, drafter=None, kv=None, acceptance=None):
+        return {"prompt_tokens": tokens, "tokens_per_s": tps, "speedup_vs_ar": tps / (12 - tokens / 1000),
+                "drafter_mb": drafter, "target_kv_mb": kv, "acceptance_rate": acceptance}
+    return {"config": {"date": "2026-12-03", "machine": "test", "target": "t", "dtype": "float32",
+                       "max_new_tokens": 128},
+            "methods": {"ar": {"by_kind": {"long-4500": part(4500, 7.5, 0, 90),
+                                           "long-2500": part(2500, 9.5, 0, 50)}},
+                        "mamba-ucb": {"by_kind": {"long-2500": part(2500, 11, 1.41, 50, 0.6),
+                                                  "long-4500": part(4500, 9, 1.41, 90, 0.5)}},
+                        "tf-tree": {"by_kind": {"long-2500": part(2500, 7, 11.0, 50, 0.3),
+                                                "long-4500": part(4500, 5, 19.0, 90, 0.3)}}}}
+
+
+def test_context_figures_plot_each_method_against_prompt_length():
+    speed, memory = context_figures(long_result())
+    assert [t.name for t in speed.data] == ["ar", "mamba-ucb", "tf-tree"]
+    assert list(speed.data[0].x) == [2500, 4500] and list(speed.data[0].y) == [9.5, 7.5]  # sorted by length
+    names = [t.name for t in memory.data]
+    assert names == ["mamba-ucb: drafter", "tf-tree: drafter", "target KV cache"]  # ar drafts nothing
+    assert list(memory.data[0].y) == [1.41, 1.41] and list(memory.data[1].y) == [11.0, 19.0]
+    empty_speed, _ = context_figures(None)
+    assert not empty_speed.data and "No long-context" in empty_speed.layout.annotations[0].text
+
+
+def test_the_long_context_result_loads_only_when_it_is_one(tmp_path):
+    path = tmp_path / "long.json"
+    assert load_result(path) is None  # absent
+    path.write_text("{not json")
+    assert load_result(path) is None
+    path.write_text(json.dumps({"methods": {"ar": {"tokens_per_s": 1}}}))  # an ordinary bench result
+    assert load_result(path) is None
+    path.write_text(json.dumps(long_result()))
+    table = result_table(load_result(path))
+    assert "| mamba-ucb | 2,500 | 11.0 | 1.16x | 0.60 | 1.41 |" in table
+    assert "| ar | 4,500 | 7.5 | 1.00x | - | - |" in table

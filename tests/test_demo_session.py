@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from demo.fake import fake_generate
-from demo.prompts import load_prompts
+from demo.prompts import CHARS_PER_TOKEN, LONG_DOCUMENT, LONG_DOCUMENT_TOKENS, load_prompts, long_documents
 from demo.runner import in_background
 from demo.session import Session, export_payload, write_export
 from specdec.records import RoundRecord, Summary
@@ -141,6 +141,16 @@ def test_example_prompts():
     assert len({p["id"] for p in items}) == len(items)
     assert all(p["prompt"].strip() and p["kind"] in groups for p in items)
     assert all(len(p["prompt"]) > 250 for p in groups["summary"])  # each carries a passage to summarise
+
+
+def test_long_document_examples_fit_the_prompt_cap():
+    items = long_documents(32000)
+    assert [p["id"] for p in items] == ["long-2000", "long-4000", "long-6000"]
+    for item, tokens in zip(items, LONG_DOCUMENT_TOKENS):
+        assert tokens * CHARS_PER_TOKEN <= len(item["prompt"]) <= 32000 and str(tokens)[0] in item["label"]
+        assert item["kind"] == LONG_DOCUMENT
+    assert [p["id"] for p in long_documents(9000)] == ["long-2000"]  # the Space's cap
+    assert long_documents(1000) == []
 
 
 def test_demo_modules_never_import_torch():
