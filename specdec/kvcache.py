@@ -96,7 +96,7 @@ class Pass:
     # The split layout's plan, the same for every layer, so it is worked out once per pass (see `_plan_split`).
     low: int = 0  # the first committed position any tail reads
     tail_start: int | None = None  # every row's tail is the buffer's [tail_start, tail_start + TAIL): a view
-    needed: int = 0  # buffer positions the pass reads or writes
+    needed: int = 0  # buffer positions the pass reads or writes, or a commit after it may write
     tail_index: torch.Tensor | None = None  # [n * TAIL] per row, its tail's slots in the gather source
     tail_mask: torch.Tensor | None = None  # [n, 1, 1, TAIL] 0 for a key, -inf for padding
     heads: list[tuple[int, torch.Tensor | None, list[int]]] = field(default_factory=list)  # (end, rows, entries)
@@ -127,7 +127,7 @@ def _plan_split(step: Pass) -> None:
     # likeliest) is written after the prefix, so a commit along it copies nothing.
     branch = max(step.paths, key=lambda path: [-i for i in path])
     step.branch = slice(branch[0], branch[-1] + 1) if branch == list(range(branch[0], branch[-1] + 1)) else branch
-    step.needed = length + len(branch)
+    step.needed = length + max(map(len, step.paths))  # room for a commit of the deepest branch, placed or not
     if len(set(cuts)) == 1 and all(path == branch[: len(path)] for path in step.paths):
         # A chain (a decode step, a drafted chain): every row's keys lie in the buffer once the branch is written,
         # from the one cut on, so every tail is a view of the same TAIL positions, masked after the row.

@@ -135,6 +135,30 @@ def test_train_resumes_and_exports_a_loadable_drafter(data, tmp_path, arch):
     assert json.loads((folder / "draft_vocab.json").read_text())["token_ids"] == draft_ids.tolist()
 
 
+@pytest.mark.parametrize("arch", ["mamba", "transformer"])
+def test_a_plug_in_warm_start_begins_from_the_exported_drafter(data, tmp_path, arch):
+    """`train --arch mamba --init FOLDER` (e.g. to continue the shipped drafter on longer windows): the fresh run
+    takes the folder's weights, size and draft vocabulary, logs a step-0 point before training, and moves on."""
+    out, _, _ = data
+    budget = dict(max_tokens=4 * 16 * 2, seq_len=16, batch_size=4, warmup=1, eval_every=1)
+    train(out / "teacher", tmp_path / "first", TrainConfig(arch=arch, hidden=16, mamba_layers=2, tf_layers=2,
+                                                             draft_vocab=20, **budget), torch.randn(VOCAB, 24), VOCAB)
+    model, draft_ids, _ = load_run(tmp_path / "first")
+    folder = save_drafter(model, draft_ids, None, tmp_path / "exported")
+    run = tmp_path / "warm"
+    train(out / "teacher", run, TrainConfig(arch=arch, init=str(folder), **budget), None, VOCAB)  # defaults: 256 wide
+    start, *trained = [json.loads(line) for line in (run / "curve.jsonl").read_text().splitlines()]
+    assert (start["step"], start["loss"]) == (0, None) and [p["step"] for p in trained] == [1, 2]
+    warm, warm_ids, counters = load_run(run)
+    exported = AutoModelForCausalLM.from_pretrained(folder)
+    assert (warm.config.hidden_size, warm.config.num_hidden_layers) == (16, 2) and torch.equal(warm_ids, draft_ids)
+    assert counters["config"]["hidden"] == 16 and counters["config"]["draft_vocab"] == 20
+    assert not torch.equal(warm.get_input_embeddings().weight, exported.get_input_embeddings().weight.float())
+    other = "transformer" if arch == "mamba" else "mamba"
+    with pytest.raises(SystemExit, match=f"not a {other} drafter"):
+        train(out / "teacher", tmp_path / "other", TrainConfig(arch=other, init=str(folder), **budget), None, VOCAB)
+
+
 def test_trainable_mamba_forward_matches_the_reference():
     config = TrainConfig(arch="mamba", hidden=16, mamba_layers=2)
     model = build_drafter(config, VOCAB).eval()

@@ -75,6 +75,25 @@ def test_commit_copies_only_what_is_not_in_place(row_invariant, keep, passes):
                                rtol=1e-4)
 
 
+@pytest.mark.parametrize("row_invariant", [True, False])
+def test_a_commit_of_a_branch_deeper_than_the_placed_one_fits_the_buffer(row_invariant):
+    """The split layout places the first child's branch; a commit of a deeper branch (a lookup branch beside a short
+    drafted one) must still find room when the prefix ends just short of the buffer's capacity."""
+    model = tiny_llama(11, seed=6, positions=512)
+    prefix = [1, 4, 2, 7, 3] * 50 + [1, 4]  # 252 tokens: a buffer of 256 positions
+    lm = TreeLM(model, row_invariant=row_invariant)
+    lm.prefill(prefix)
+    parents = [-1, 0, 0, 2, 3, 4, 5, 6]  # root; its first child a leaf; its second child a chain 6 deep
+    tokens = [5, 0, 1, 2, 3, 4, 6, 7]
+    lm.extend(tokens, parents)
+    keep = [0, 2, 3, 4, 5, 6, 7]
+    lm.commit(keep)
+    assert lm.length == len(prefix) + len(keep)
+    seq = prefix + [tokens[i] for i in keep] + [9]
+    torch.testing.assert_close(lm.feed([9])[-1], model(input_ids=torch.tensor([seq])).logits[0, -1], atol=1e-4,
+                               rtol=1e-4)
+
+
 def test_commit_refuses_a_non_chain():
     lm = TreeLM(tiny_llama(11, seed=6))
     lm.feed([1, 2])

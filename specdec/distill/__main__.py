@@ -81,8 +81,6 @@ def stage_train(args: argparse.Namespace) -> None:
                          hidden=args.hidden, mamba_layers=args.layers, tf_layers=args.layers,
                          init=str(args.init) if args.init else None)
     run = args.data / "runs" / args.name
-    if args.init and args.arch != "mamba-feat":
-        raise SystemExit("--init starts a mamba-feat run from an exported drafter; the other kinds train from scratch")
     if (run / "ckpt.pt").exists() and not recipe_for(args.arch).reads_target:  # resume: E was read on the fresh run
         train(args.data / "teacher", run, config, None, json.loads((run / "train_config.json").read_text())["vocab_size"])
         return
@@ -175,8 +173,8 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--hidden", type=int, default=256, help="the drafter's width (a fresh run only)")
     train.add_argument("--layers", type=int, default=4, help="the drafter's layers (a fresh run only)")
     train.add_argument("--init", type=Path, default=None,
-                       help="mamba-feat: start a fresh run from this exported drafter folder (its weights, draft "
-                            "vocabulary and size; a new optimizer), e.g. assets/drafters/mamba-feat-smollm2")
+                       help="start a fresh run from this exported drafter folder of the same --arch (its weights, "
+                            "draft vocabulary and size; a new optimizer), e.g. assets/drafters/mamba-smollm2")
     train.add_argument("--seq-len", type=int, default=256)
     train.add_argument("--train-batch", type=int, default=16)
     train.add_argument("--lr", type=float, default=2e-3)

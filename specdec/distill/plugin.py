@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
-from transformers import (LlamaConfig, LlamaForCausalLM, MambaConfig, MambaForCausalLM, PreTrainedModel,
+from transformers import (AutoConfig, LlamaConfig, LlamaForCausalLM, MambaConfig, MambaForCausalLM, PreTrainedModel,
                           PreTrainedTokenizerBase)
 
 from specdec.distill.recipe import Answer, Recipe, TrainConfig, choose_draft_vocab, distill_loss
@@ -22,6 +22,7 @@ from specdec.drafters.mamba import MambaDrafter, MambaState
 from specdec.drafters.mixer import mixer_forward
 from specdec.kvcache import TreeLM
 from specdec.models import LoadedModel
+from specdec.vocab import load_draft_vocab
 
 
 def build_drafter(config: TrainConfig, vocab_size: int) -> PreTrainedModel:
@@ -104,10 +105,25 @@ class PlugIn(Recipe):
 
     # --- training ---------------------------------------------------------------------------------------------
     def fresh(self, config: TrainConfig, shards: list[Shard], vocab_size: int) -> tuple[PreTrainedModel, torch.Tensor]:
+        """From scratch, or with `config.init` a warm start: the exported drafter's weights, V_d and size."""
+        if config.init:
+            return self._warm_start(config, vocab_size)
         model = build_drafter(config, vocab_size)
         if self.target_embedding is not None:
             model.get_input_embeddings().weight.data.copy_(project_embedding(self.target_embedding, config.hidden))
         return model, choose_draft_vocab(shards, config.draft_vocab, vocab_size)
+
+    def _warm_start(self, config: TrainConfig, vocab_size: int) -> tuple[PreTrainedModel, torch.Tensor]:
+        cls = MambaForCausalLM if self.kind == "mamba" else LlamaForCausalLM
+        found = AutoConfig.from_pretrained(config.init)
+        if found.model_type != cls.config_class.model_type or found.vocab_size != vocab_size:
+            raise SystemExit(f"{config.init} is not a {self.kind} drafter scoring this target's {vocab_size} tokens")
+        model = cls.from_pretrained(config.init, dtype=torch.float32)
+        config.hidden = model.config.hidden_size
+        config.mamba_layers = config.tf_layers = model.config.num_hidden_layers
+        draft_ids = load_draft_vocab(config.init)
+        config.draft_vocab = len(draft_ids) if draft_ids is not None else vocab_size
+        return model, draft_ids if draft_ids is not None else torch.arange(vocab_size)
 
     def restore(self, saved: dict) -> PreTrainedModel:
         return build_drafter(TrainConfig(**{k: v for k, v in saved.items() if k != "vocab_size"}), saved["vocab_size"])

@@ -45,7 +45,7 @@ class TrainConfig:
     seed: int = 0
     eval_every: int = 200
     threads: int | None = None
-    init: str | None = None  # mamba-feat: a fresh run starts from this exported drafter folder (weights, V_d, size)
+    init: str | None = None  # a fresh run starts from this exported drafter folder (weights, V_d, size)
 
 
 def target_weights(model: PreTrainedModel) -> tuple[torch.Tensor, torch.Tensor]:
