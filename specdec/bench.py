@@ -194,6 +194,10 @@ def _aggregate(runs: list[Run], ar_runs: list[Run] | None, greedy: bool, engine:
     for r in runs:
         per_prompt.setdefault(r.prompt_id, []).append(len(r.tokens) / r.seconds)
     tps = statistics.median(statistics.mean(v) for v in per_prompt.values())
+    decoding: dict[str, list[float]] = {}  # the rounds alone: no prefill, no drafter start
+    for r in runs:
+        if r.round_ms:
+            decoding.setdefault(r.prompt_id, []).append(len(r.tokens) / (sum(r.round_ms) / 1e3))
     rounds = sum(r.rounds for r in runs)
     tested = sum(r.tested for r in runs)
     draft = [x for r in runs for x in r.draft_ms]
@@ -208,6 +212,7 @@ def _aggregate(runs: list[Run], ar_runs: list[Run] | None, greedy: bool, engine:
         identical = all(r.tokens == reference[r.prompt_id] for r in runs)
     return {
         "tokens_per_s": tps,
+        "decode_tokens_per_s": statistics.median(statistics.mean(v) for v in decoding.values()) if decoding else None,
         "mean_accepted_len": sum(len(r.tokens) for r in runs) / rounds if engine and rounds else None,
         "acceptance_rate": sum(r.accepted for r in runs) / tested if engine and tested else None,
         "draft_ms_per_round": statistics.mean(draft) if draft else None,
@@ -312,6 +317,8 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
 def _relative(res: dict, ar: dict) -> None:
     """A method's throughput and verification cost against `ar`'s on the same prompts."""
     res["speedup_vs_ar"] = res["tokens_per_s"] / ar["tokens_per_s"]
+    decode, ar_decode = res.get("decode_tokens_per_s"), ar.get("decode_tokens_per_s")
+    res["decode_speedup_vs_ar"] = decode / ar_decode if decode and ar_decode else None
     verify, step = res["verify_ms_per_round"], ar["verify_ms_per_round"]
     res["verify_over_ar_step"] = verify / step if verify is not None and step else None
 
@@ -401,14 +408,17 @@ def long_prompts(tokenizer, lengths=LONG_LENGTHS, topics=LONG_TOPICS) -> list[di
 
 def breakdown_table(result: dict) -> str:
     """Where the time goes, per method and kind of prompt (a context length for `--long`): the target's prefill,
-    the drafter's start, and per round drafting, verification and the rest (acceptance and both commits)."""
-    rows = ["| method | prompts | prompt tokens | tok/s | speed-up vs ar | prefill ms | drafter start ms | rounds | "
-            "draft ms/round | verify ms/round | commit ms/round | verify / ar step | acceptance | drafter MiB |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    the drafter's start, and per round drafting, verification and the rest (acceptance and both commits); and the
+    speed-up of the rounds alone, without the prefill every method pays alike."""
+    rows = ["| method | prompts | prompt tokens | tok/s | speed-up vs ar | decoding alone vs ar | prefill ms | "
+            "drafter start ms | rounds | draft ms/round | verify ms/round | commit ms/round | verify / ar step | "
+            "acceptance | drafter MiB |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in result["methods"].items():
         for kind, k in r["by_kind"].items():
             rows.append(f"| {name} | {kind} | {_fmt(k['prompt_tokens'], '.0f')} | "
                         f"{_fmt(k['tokens_per_s'], '.1f')} | {_fmt(k['speedup_vs_ar'], '.2f')}x | "
+                        f"{_fmt(k['decode_speedup_vs_ar'], '.2f')}{'x' if k['decode_speedup_vs_ar'] else ''} | "
                         f"{_fmt(k['prefill_ms'], '.0f')} | "
                         f"{_fmt(k['drafter_start_ms'], '.0f')} | {_fmt(k['rounds'], 'd')} | "
                         f"{_fmt(k['draft_ms_per_round'], '.1f')} | {_fmt(k['verify_ms_per_round'], '.1f')} | "
