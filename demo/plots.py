@@ -133,7 +133,10 @@ def context_figures(result: dict | None) -> tuple[go.Figure, go.Figure]:
         memory.add_trace(go.Scatter(x=x, y=[target_kv[k] for k in x], name="target KV cache", mode="lines+markers",
                                     line=dict(color=SWATCHES["target"].fill, dash="dash")))
     speed.update_xaxes(title_text="prompt tokens")
-    speed.update_yaxes(title_text="tokens / s (prefill included)", rangemode="tozero")
+    speed.update_yaxes(title_text="tok/s (prefill included)", rangemode="tozero")
     memory.update_xaxes(title_text="prompt tokens")
-    memory.update_yaxes(title_text="MiB (largest during the run)", rangemode="tozero")
-    return _layout(speed, 380, "Speed against prompt length"), _layout(memory, 380, "Memory against prompt length")
+    memory.update_yaxes(title_text="MiB (log scale)", type="log")
+    figures = _layout(speed, 420, "Speed against prompt length"), _layout(memory, 420, "Memory against prompt length")
+    for fig in figures:  # the legend below the axis title
+        fig.update_layout(legend=dict(orientation="h", y=-0.3, x=0), margin=dict(b=110))
+    return figures
