@@ -114,9 +114,10 @@ def scan_sequence(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.T
         t = slice(t0, t0 + SCAN_CHUNK)
         decay = torch.exp(dt[:, t, :, None] * A)  # Ā [b, T, d_in, N]
         h = (dt[:, t] * x[:, t])[..., None] * B[:, t, None, :]  # B̄x [b, T, d_in, N], then the states
-        h[:, 0].addcmul_(decay[:, 0], state)
-        for i in range(1, h.shape[1]):
-            h[:, i].addcmul_(decay[:, i], h[:, i - 1])
+        steps, decays = h.unbind(1), decay.unbind(1)  # views, made in one call
+        steps[0].addcmul_(decays[0], state)
+        for previous, current, a in zip(steps, steps[1:], decays[1:]):
+            current.addcmul_(a, previous)
         ys.append((h @ C[:, t, :, None]).squeeze(-1))  # [b, T, d_in]
         state = h[:, -1]
     return torch.cat(ys, dim=1), state.clone()

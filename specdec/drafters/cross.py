@@ -1,0 +1,128 @@
+"""Drafting with a drafter of another tokenizer, under greedy decoding (the first part of cross-tokenizer drafting).
+
+The drafter works in its own tokens, on the same text. Each round its tree's branches are turned into text and
+re-encoded by the target's tokenizer, and the branches become one trie over target ids, which the target verifies
+as any other tree. The target checks every proposal, so the output is the target's own whatever the mapping
+does; the mapping decides only how much is accepted.
+
+The boundary: a branch's text follows the committed text, and a tokenizer may merge across that boundary (the
+target's last token with the branch's first characters). A branch is re-encoded together with the text of the
+last `look_behind` committed target tokens and kept from where that re-encoding still starts with those tokens;
+a branch whose re-encoding does not is left out this round. The same look-behind, on the drafter's side, turns
+a branch of drafter tokens into the text it adds.
+
+Catching up: after a round the text the target emitted (the accepted tokens and its own) is encoded in the
+drafter's tokens and fed to the drafter as tokens it has not seen (`commit(path=[0], ..., unseen=...)`), as if it
+had drafted nothing: its own branch, even one that matched, is fed again. Sampling needs `q` over target ids
+(the shared-vocabulary scheme), which this drafter does not make yet: it refuses temperatures above 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from specdec.drafters.base import Drafter, DraftTree, Sampler
+from specdec.tree import TreeShape
+
+LOOK_BEHIND = 4  # committed tokens re-encoded with a branch, on either side of the boundary
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+    """The tokens of `text` alone: no special tokens added."""
+    try:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    except TypeError:  # a minimal tokenizer without the keyword
+        return list(tokenizer(text)["input_ids"])
+
+
+def text_after(tokenizer, before: Sequence[int], ids: Sequence[int]) -> str:
+    """The text `ids` add after `before` (decoded together, so a tokenizer that marks word starts on its tokens
+    gives each piece its space)."""
+    head = tokenizer.decode(list(before))
+    return tokenizer.decode([*before, *ids])[len(head):]
+
+
+def continuation(tokenizer, behind: Sequence[int], text: str) -> list[int] | None:
+    """The tokens `tokenizer` gives `text` after the tokens `behind`, re-encoding both together; None when the
+    re-encoding does not start with `behind` (the text merges with the last of them)."""
+    encoded = _ids(tokenizer, tokenizer.decode(list(behind)) + text)
+    if encoded[: len(behind)] != list(behind):
+        return None
+    return encoded[len(behind):]
+
+
+class Trie:
+    """Target-token sequences below a root, merged where they share a prefix; nodes in insertion order."""
+
+    def __init__(self, root: int, max_nodes: int) -> None:
+        self.tokens, self.parents, self.q_tok = [root], [-1], [1.0]
+        self.children: list[dict[int, int]] = [{}]
+        self.max_nodes = max_nodes  # drafted nodes, the root not counted
+
+    def insert(self, sequence: Sequence[int], q: float) -> None:
+        """Add `sequence` below the root, as far as the node budget allows."""
+        node = 0
+        for token in sequence:
+            child = self.children[node].get(token)
+            if child is None:
+                if len(self.tokens) > self.max_nodes:
+                    return
+                child = len(self.tokens)
+                self.children[node][token] = child
+                self.tokens.append(token)
+                self.parents.append(node)
+                self.q_tok.append(q)
+                self.children.append({})
+            node = child
+
+
+class CrossTokenizerDrafter(Drafter):
+    """`inner` drafts in the tokens of `drafter_tokenizer`; the trees it returns are over `target_tokenizer`'s."""
+
+    def __init__(self, inner: Drafter, target_tokenizer, drafter_tokenizer, look_behind: int = LOOK_BEHIND) -> None:
+        self.inner, self.target_tokenizer, self.drafter_tokenizer = inner, target_tokenizer, drafter_tokenizer
+        self.look_behind = look_behind
+        self.name = f"{inner.name} (own tokenizer)"
+        self.reads_target, self.max_context = False, None  # the drafter's context is counted in its own tokens
+
+    def start(self, context: list[int], max_nodes: int, features: torch.Tensor | None = None) -> None:
+        self.context = list(context)  # target ids, the root last
+        drafted = _ids(self.drafter_tokenizer, self.target_tokenizer.decode(self.context))
+        if not drafted:
+            raise ValueError("the drafter's tokenizer makes no tokens of this prompt")
+        self.fed = drafted[-self.look_behind:]  # the last drafter tokens fed, the drafter's root last
+        self.max_nodes = max_nodes
+        self.inner.start(drafted, max_nodes, None)
+
+    def draft(self, shape: TreeShape, sampler: Sampler) -> DraftTree:
+        if not sampler.greedy:
+            raise ValueError("a drafter with another tokenizer drafts under greedy decoding only (temperature 0)")
+        inner = self.inner.draft(shape, sampler)
+        trie = Trie(self.context[-1], max(self.max_nodes, 1))
+        behind = self.context[-self.look_behind:]
+        branches: dict[int, list[int]] = {0: []}  # inner node -> its drafter tokens below the root
+        for node in range(1, len(inner.tokens)):  # parents come before children
+            branches[node] = [*branches[inner.parents[node]], inner.tokens[node]]
+            text = text_after(self.drafter_tokenizer, self.fed, branches[node])
+            mapped = continuation(self.target_tokenizer, behind, text) if text else None
+            if mapped:
+                trie.insert(mapped, inner.q_tok[node])
+        self.tree = DraftTree(inner.shape, trie.tokens, trie.parents, trie.q_tok, None)
+        return self.tree
+
+    def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = (),
+               features: torch.Tensor | None = None) -> None:
+        """`path` indexes the last trie; the emitted target tokens' text is fed to the drafter as unseen tokens."""
+        emitted = [*(self.tree.tokens[node] for node in path[1:]), *unseen, next_token]
+        text = text_after(self.target_tokenizer, self.context[-self.look_behind:], emitted)
+        self.context.extend(emitted)
+        # Text that makes no drafter token (a token the decoder drops) still moves the drafter on one token: it
+        # is given its last token again, which costs draft quality only.
+        drafted = _ids(self.drafter_tokenizer, text) or self.fed[-1:]
+        self.inner.commit([0], drafted[-1], drafted[:-1])
+        self.fed = [*self.fed, *drafted][-self.look_behind:]
+
+    def state_bytes(self) -> int:
+        return self.inner.state_bytes()
