@@ -2,14 +2,19 @@
 on a tiny target that reads one character a token beside drafters that read pairs of characters."""
 
 import pytest
+import torch
 
 from specdec import engine
 from specdec.config import GenerationConfig
 from specdec.drafters import MambaDrafter
 from specdec.drafters.base import Drafter, DraftTree
-from specdec.drafters.cross import CrossTokenizerDrafter, Trie, continuation, text_after
+from specdec.drafters import cross
+from specdec.drafters.cross import (CrossTokenizerDrafter, SharedVocabDrafter, SharedVocabSampler, Trie, continuation,
+                                    shared_vocabulary, text_after)
 from specdec.engine import generate
 from specdec.tree import TreeShape
+from tests.test_engine import _chi_square
+from tests.test_engine_sampling import N_NEW, RUNS, reference
 from tests.tiny import TinyTokenizer, tiny_mamba
 
 PROMPT = "abcab"
@@ -142,3 +147,70 @@ def test_sampling_is_refused_for_now(tiny_models, monkeypatch):
     with pytest.raises(ValueError, match="greedy decoding only"):
         list(generate(tiny_models, PROMPT, GenerationConfig(method="mamba-chain", tree="2", temperature=0.8),
                       chat=False))
+
+
+# --- the shared vocabulary: exact under sampling -------------------------------------------------------------------
+class PairVocab(PairTokenizer):
+    def get_vocab(self) -> dict:
+        return {piece: i for i, piece in enumerate(self.pieces)}
+
+
+def _shared(models, seed: int = 3) -> SharedVocabDrafter:
+    """Seed 3: a drafter that puts about half its mass on the pair tokens the target lacks, so the restriction
+    matters."""
+    pair = PairVocab()
+    inner = MambaDrafter(tiny_mamba(len(pair.pieces), seed=seed), len(pair.pieces))
+    return SharedVocabDrafter(inner, models.target.tokenizer, pair, models.target.vocab_size, len(pair.pieces),
+                              min_shared=6)
+
+
+def test_the_shared_vocabulary_pairs_tokens_by_their_string(tiny_models):
+    drafter_ids, target_ids = shared_vocabulary(tiny_models.target.tokenizer, PairVocab())
+    assert drafter_ids.tolist() == target_ids.tolist() == [0, 1, 2, 3, 4, 5]  # "a".."f"; no pair is a target token
+    with pytest.raises(ValueError, match="shares 6 tokens with the target's; at least 256 are needed"):
+        SharedVocabDrafter(None, tiny_models.target.tokenizer, PairVocab(), 6, 12)
+
+
+@pytest.mark.parametrize("method, tree", [("mamba-chain", "3"), ("mamba-tree", "2,2,1")])
+def test_greedy_with_the_shared_vocabulary_is_identical_to_target_alone(tiny_models, monkeypatch, method, tree):
+    config = dict(max_new_tokens=40, temperature=0.0)
+    ar = list(generate(tiny_models, PROMPT, GenerationConfig(method="ar", **config), chat=False))[-1]
+    _with_drafter(monkeypatch, _shared)
+    events = list(generate(tiny_models, PROMPT, GenerationConfig(method=method, tree=tree, **config), chat=False))
+    assert events[-1].token_ids == ar.token_ids
+    assert events[-1].accepted_tokens > 0
+
+
+def _sample(models, monkeypatch, make) -> tuple[dict, int, set]:
+    _with_drafter(monkeypatch, make)
+    counts, accepted, drafted = {}, 0, set()
+    for seed in range(RUNS):
+        *rounds, summary = generate(models, PROMPT, GenerationConfig(method="mamba-tree", tree="3,2", temperature=1.0,
+                                                                     max_new_tokens=N_NEW, seed=seed), chat=False)
+        counts[tuple(summary.token_ids)] = counts.get(tuple(summary.token_ids), 0) + 1
+        accepted += sum(r.accepted_len for r in rounds)
+        drafted |= {n.token_id for r in rounds for n in r.nodes[1:]}
+    return counts, accepted, drafted
+
+
+def test_sampling_with_the_shared_vocabulary_is_exact(tiny_models, monkeypatch):
+    counts, accepted, drafted = _sample(tiny_models, monkeypatch, _shared)
+    assert accepted > RUNS * 0.1 and drafted <= set(range(6))
+    assert _chi_square(counts, reference(tiny_models, 1.0), RUNS) > 1e-3
+
+
+class UnnormalisedSampler(SharedVocabSampler):
+    """The plausible bug: q restricted to the shared tokens but not renormalised (what the drafter's full
+    distribution gave them), while the children are drawn from the restriction."""
+
+    def children(self, logits, width):
+        kids, restricted = super().children(logits, width)
+        full = torch.softmax(logits.float(), -1)
+        return kids, torch.where(self.allowed[: logits.shape[-1]], full, torch.zeros_like(full))
+
+
+def test_the_check_rejects_q_left_unnormalised(tiny_models, monkeypatch):
+    monkeypatch.setattr(cross, "SharedVocabSampler", UnnormalisedSampler)
+    counts, accepted, _ = _sample(tiny_models, monkeypatch, _shared)
+    assert accepted > RUNS * 0.1
+    assert _chi_square(counts, reference(tiny_models, 1.0), RUNS) < 1e-6

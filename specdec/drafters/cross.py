@@ -13,8 +13,14 @@ a branch of drafter tokens into the text it adds.
 
 Catching up: after a round the text the target emitted (the accepted tokens and its own) is encoded in the
 drafter's tokens and fed to the drafter as tokens it has not seen (`commit(path=[0], ..., unseen=...)`), as if it
-had drafted nothing: its own branch, even one that matched, is fed again. Sampling needs `q` over target ids
-(the shared-vocabulary scheme), which this drafter does not make yet: it refuses temperatures above 0.
+had drafted nothing: its own branch, even one that matched, is fed again. Sampling needs `q` over target ids,
+which re-encoded text does not give: `CrossTokenizerDrafter` refuses temperatures above 0.
+
+`SharedVocabDrafter` is the other scheme, exact under sampling too (token-level intersection, as in Timor et
+al., ICML 2025): the drafter may propose only the tokens both vocabularies hold (the same string), its
+distribution restricted to them and renormalised, so each drafted token is one target token and `q` is a proper
+distribution over target ids; ordinary rejection sampling then keeps the target's distribution. Tokens the target
+emits outside the shared set reach the drafter re-encoded as text.
 """
 
 from __future__ import annotations
@@ -123,6 +129,97 @@ class CrossTokenizerDrafter(Drafter):
         drafted = _ids(self.drafter_tokenizer, text) or self.fed[-1:]
         self.inner.commit([0], drafted[-1], drafted[:-1])
         self.fed = [*self.fed, *drafted][-self.look_behind:]
+
+    def state_bytes(self) -> int:
+        return self.inner.state_bytes()
+
+
+MIN_SHARED = 256  # fewer shared tokens than this leave a drafter nothing worth proposing
+
+
+def shared_vocabulary(target_tokenizer, drafter_tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    """(drafter ids, target ids) of the tokens both vocabularies hold, paired by their string, in string order."""
+    target, drafter = target_tokenizer.get_vocab(), drafter_tokenizer.get_vocab()
+    common = sorted(set(target) & set(drafter))
+    return torch.tensor([drafter[t] for t in common], dtype=torch.long), \
+        torch.tensor([target[t] for t in common], dtype=torch.long)
+
+
+class SharedVocabSampler(Sampler):
+    """A sampler whose children come from the drafter's distribution restricted to `allowed` drafter ids and
+    renormalised (the restriction is applied to the logits, before temperature and top-p)."""
+
+    def __init__(self, base: Sampler, allowed: torch.Tensor) -> None:
+        super().__init__(base.temperature, base.top_p, base.generator)
+        self.allowed = allowed  # [V_d] bool
+
+    def children(self, logits: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        allowed = self.allowed.to(logits.device)
+        return super().children(logits.masked_fill(~allowed[: logits.shape[-1]], float("-inf")), width)
+
+
+class SharedVocabDrafter(Drafter):
+    """`inner` drafts in `drafter_tokenizer`'s tokens, restricted to those `target_tokenizer` holds too; its trees
+    come out one node per target token, with `q` over the target's `vocab_size` ids."""
+
+    def __init__(self, inner: Drafter, target_tokenizer, drafter_tokenizer, vocab_size: int, drafter_vocab: int,
+                 min_shared: int = MIN_SHARED) -> None:
+        self.inner, self.target_tokenizer, self.drafter_tokenizer = inner, target_tokenizer, drafter_tokenizer
+        drafter_ids, target_ids = shared_vocabulary(target_tokenizer, drafter_tokenizer)
+        drafter_ids, target_ids = drafter_ids[drafter_ids < drafter_vocab], target_ids[drafter_ids < drafter_vocab]
+        if len(drafter_ids) < min_shared:
+            raise ValueError(f"the drafter's tokenizer shares {len(drafter_ids)} tokens with the target's; at least "
+                             f"{min_shared} are needed to draft anything worth checking")
+        self.vocab_size = vocab_size
+        self.to_target = torch.full((drafter_vocab,), -1, dtype=torch.long)
+        self.to_target[drafter_ids] = target_ids
+        self.to_drafter = torch.full((vocab_size,), -1, dtype=torch.long)
+        self.to_drafter[target_ids] = drafter_ids
+        self.allowed = self.to_target >= 0  # [V_d]
+        self.drafter_ids, self.target_ids = drafter_ids, target_ids
+        self.name = f"{inner.name} (shared vocabulary)"
+        self.reads_target, self.max_context = False, None
+
+    def _drafter_tokens(self, target_tokens: Sequence[int]) -> list[int]:
+        """Target tokens as drafter tokens: a shared token as itself, a run of others re-encoded as text."""
+        out, pending = [], []
+        for token in target_tokens:
+            mapped = int(self.to_drafter[token])
+            if mapped < 0:
+                pending.append(token)
+                continue
+            if pending:
+                out += _ids(self.drafter_tokenizer, self.target_tokenizer.decode(pending))
+                pending = []
+            out.append(mapped)
+        if pending:
+            out += _ids(self.drafter_tokenizer, self.target_tokenizer.decode(pending))
+        return out
+
+    def start(self, context: list[int], max_nodes: int, features: torch.Tensor | None = None) -> None:
+        self.root = context[-1]
+        drafted = self._drafter_tokens(context)
+        if not drafted:
+            raise ValueError("the drafter's tokenizer makes no tokens of this prompt")
+        self.last_fed = drafted[-1]
+        self.inner.start(drafted, max_nodes, None)
+
+    def draft(self, shape: TreeShape, sampler: Sampler) -> DraftTree:
+        inner = self.inner.draft(shape, SharedVocabSampler(sampler, self.allowed))
+        tokens = [self.root, *self.to_target[torch.tensor(inner.tokens[1:], dtype=torch.long)].tolist()]
+        q = None
+        if inner.q is not None:  # [n, V_d] -> [n, V]: the restricted distribution sits on the shared ids
+            q = inner.q.new_zeros(len(tokens), self.vocab_size)
+            q[:, self.target_ids.to(q.device)] = inner.q[:, self.drafter_ids.to(q.device)]
+        return DraftTree(inner.shape, tokens, inner.parents, inner.q_tok, q)
+
+    def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = (),
+               features: torch.Tensor | None = None) -> None:
+        """The accepted nodes are the drafter's own; what follows them reaches it in its tokens."""
+        # (text that makes no drafter token moves the drafter on by its last token again: draft quality only)
+        after = self._drafter_tokens([*unseen, next_token]) or [self.last_fed]
+        self.inner.commit(path, after[-1], after[:-1])
+        self.root, self.last_fed = next_token, after[-1]
 
     def state_bytes(self) -> int:
         return self.inner.state_bytes()
