@@ -32,6 +32,9 @@ def draft_step(r: RoundRecord) -> str:
     where = "one chain" if all(w == 1 for w in r.shape) else f"a tree of shape {html.escape(r.shape_name)}"
     text = (f"The small drafter guessed {_n(drafted - copied)} tokens as {where} "
             f"(at each depth, that many alternatives per node), in {_n(r.draft_ms)} ms.")
+    if r.mapping_ms is not None:
+        text += (f" Its tokenizer is not the target's: its guesses were turned into text and re-encoded in the "
+                 f"target's tokens ({_n(r.mapping_ms)} ms of the round, with the catch-up after it).")
     if copied:
         text += f" Prompt lookup added {_n(copied)} tokens copied from earlier in the text, as one more branch."
     return text

@@ -97,6 +97,8 @@ def boxes(record: RoundRecord) -> list[Box]:
             tip += "\ncopied from the context (prompt lookup): q = 1"
         elif n.parent >= 0:
             tip += f"\nq (drafter) = {n.q:.3f}"
+            if n.drafted_as is not None:  # see `specdec.drafters.cross`: branches re-encoded in the target's tokens
+                tip += "\nfrom the drafter's own tokens " + " ".join(_whole(piece) for piece in n.drafted_as)
             if record.drafter_read_target:  # see `specdec.drafters.mamba_feat`: real features up to the root
                 tip += ("\ndrafted from the target's hidden state at the last accepted token" if n.depth == 1 else
                         "\ndrafted from the drafter's own guesses of the target's hidden state above it")

@@ -135,6 +135,7 @@ class Run:
     start_ms: float | None = None  # the drafter's start on the prompt
     round_ms: list[float] = field(default_factory=list)
     prompt_tokens: int = 0
+    mapping_ms: list[float] = field(default_factory=list)  # a drafter of another tokenizer: re-encoding per round
 
 
 def run_engine(models: Models, prompt: str, config: GenerationConfig, bandit=None) -> Run:
@@ -151,7 +152,7 @@ def run_engine(models: Models, prompt: str, config: GenerationConfig, bandit=Non
                max((r.drafter_state_bytes for r in rounds), default=0),
                max((r.target_kv_bytes for r in rounds), default=0),
                summary.prefill_ms, summary.drafter_start_ms, [r.round_ms for r in rounds],
-               summary.extra["prompt_tokens"])
+               summary.extra["prompt_tokens"], [r.mapping_ms for r in rounds if r.mapping_ms is not None])
 
 
 @torch.inference_mode()
@@ -206,6 +207,7 @@ def _aggregate(runs: list[Run], ar_runs: list[Run] | None, greedy: bool, engine:
     commit = [t - d - v for r in runs for t, d, v in zip(r.round_ms, r.draft_ms, r.verify_ms)]
     prefill = [r.prefill_ms for r in runs if r.prefill_ms is not None]
     start = [r.start_ms for r in runs if r.start_ms is not None]
+    mapping = [x for r in runs for x in r.mapping_ms]
     identical = None
     if greedy and ar_runs is not None:
         reference = {r.prompt_id: r.tokens for r in ar_runs}
@@ -220,6 +222,8 @@ def _aggregate(runs: list[Run], ar_runs: list[Run] | None, greedy: bool, engine:
         "commit_ms_per_round": statistics.mean(commit) if commit else None,
         "prefill_ms": statistics.mean(prefill) if prefill else None,
         "drafter_start_ms": statistics.mean(start) if start else None,
+        "mapping_ms_per_round": statistics.mean(mapping) if mapping else None,
+        "mapping_share_of_rounds": sum(mapping) / sum(x for r in runs for x in r.round_ms) if mapping else None,
         "rounds": rounds if engine else None,
         "prompt_tokens": statistics.mean(r.prompt_tokens for r in runs),
         "peak_rss_mb": max(r.peak_rss for r in runs) / 2**20,
@@ -305,7 +309,8 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
     return {"config": {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine_description(),
         "target": models.specs["target"], "mamba_drafter": models.specs["mamba"],
-        "tf_drafter": models.specs["transformer"], "device": str(models.device),
+        "tf_drafter": models.specs["transformer"], "xdrafter": models.specs.get("xmamba"),
+        "device": str(models.device),
         "dtype": str(models.dtype).removeprefix("torch."), "verifier": verifier_layout(models),
         "drafter_dtype": str(models.drafter_dtype).removeprefix("torch."), "max_new_tokens": max_new_tokens,
         "temperature": temperature, "repeats": repeats, "prompts": len(prompts), "lookup_tokens": lookup_tokens,
@@ -367,7 +372,9 @@ def markdown_table(result: dict) -> str:
     c = result["config"]
     rows.append(f"\n{c['date']}, {c['machine']}; target {c['target']} ({c['dtype']}, {c['device']}, "
                 f"{c.get('verifier', 'block')} verifier), "
-                f"drafters {c['mamba_drafter']} / {c['tf_drafter']} ({c.get('drafter_dtype', c['dtype'])}); "
+                f"drafters {c['mamba_drafter']} / {c['tf_drafter']}"
+                + (f" / {c['xdrafter']}" if any(name.startswith("xmamba") for name in result["methods"]) else "")
+                + f" ({c.get('drafter_dtype', c['dtype'])}); "
                 f"{c['prompts']} prompts x {c['repeats']}, "
                 f"{c['max_new_tokens']} new tokens, temperature {c['temperature']}.")
     scope = "one bandit for the whole run" if c.get("bandit_scope") == "session" else "a fresh bandit per prompt"
@@ -375,6 +382,9 @@ def markdown_table(result: dict) -> str:
         if r.get("bandit_rounds"):
             counts = ", ".join(f"{arm} {n}" for arm, n in sorted(r["bandit_rounds"].items(), key=lambda kv: -kv[1]))
             rows.append(f"\n{name} ({scope}), rounds per arm: {counts}.")
+        if r.get("mapping_ms_per_round") is not None:
+            rows.append(f"\n{name}: mapping between the two tokenizers {r['mapping_ms_per_round']:.2f} ms a round, "
+                        f"{r['mapping_share_of_rounds']:.1%} of the rounds' time.")
         if r.get("vs_hf_ar", {}).get("first_difference"):
             diffs = ", ".join(f"{k} at {d}" for k, d in r["vs_hf_ar"]["first_difference"].items())
             rows.append(f"\n{name} differs from hf-ar on: {diffs}.")

@@ -126,7 +126,7 @@ def _setup(models: Models, prompt: str, config: GenerationConfig, chat: bool,
     shapes = config.shapes()
     if max((w for s in shapes for w in s.widths), default=1) > target.vocab_size:
         raise ValueError(f"a tree is wider than the vocabulary ({target.vocab_size} tokens)")
-    drafter = make_drafter(models, config.spec.drafter)
+    drafter = make_drafter(models, config.spec.drafter).for_decoding(config.greedy)
     label = models.drafter(config.spec.drafter).name if config.spec.has_model else config.spec.drafter
     if config.grafts_lookup:
         drafter, label = LookupBranch(drafter, config.lookup_branch), f"{label}+lookup"
@@ -222,7 +222,8 @@ def _tree_nodes(r: _Round, config: GenerationConfig, tokenizer) -> list[TreeNode
         status = "root" if i == 0 else "accepted" if i in accepted else "rejected" if i in rejected else "not_reached"
         depth = 0 if i == 0 else nodes[parents[i]].depth + 1
         nodes.append(TreeNode(i, token, tokenizer.decode([token]), parents[i], depth, tree.q_tok[i], p_tok[i], status,
-                              copied=bool(tree.point and tree.point[i])))
+                              copied=bool(tree.point and tree.point[i]),
+                              drafted_as=tree.sources[i] if tree.sources else None))
     return nodes
 
 
@@ -237,7 +238,7 @@ def _record(g: _Generation, r: _Round, details: bool) -> RoundRecord:
         round_ms=r.round_s * 1e3, new_tokens_total=len(g.new_ids), elapsed_s=g.seconds, rss_bytes=rss,
         cuda_allocated_bytes=cuda_alloc, cuda_peak_bytes=cuda_peak, drafter_state_bytes=g.drafter.state_bytes(),
         target_kv_bytes=g.verifier.kv_bytes, bandit=g.bandit.snapshot(r.arm) if g.bandit else None,
-        drafter_read_target=g.drafter.reads_target,
+        drafter_read_target=g.drafter.reads_target, mapping_ms=g.drafter.mapping_ms(),
     )
 
 

@@ -62,6 +62,10 @@ PRESETS: dict[str, Preset] = {
         "Llama-style drafter distilled from SmolLM2-135M-Instruct", folder="drafters/tf-smollm2",
         files=SHIPPED_DRAFTER_FILES,
     ),
+    "xmamba-smollm2": Preset(
+        "Mamba drafter with a tokenizer of its own, distilled from SmolLM2-135M-Instruct's answers",
+        folder="drafters/xmamba-smollm2", files=("config.json", "model.safetensors", "tokenizer.json"),
+    ),
     "random-mamba": Preset("tiny random Mamba with the target's vocabulary (tests and demos only)", random="mamba"),
     "random-tf": Preset("tiny random Llama with the target's vocabulary (tests and demos only)", random="llama"),
 }

@@ -30,6 +30,8 @@ class TreeNode:
     p: float  # target probability of this token at its parent (1.0 for the root)
     status: NodeStatus
     copied: bool = False  # proposed by prompt lookup (copied from the context), not drafted by the model
+    drafted_as: list[str] | None = None  # a drafter of another tokenizer: the text of its own tokens whose branch
+    # added this node, one piece per token
 
 
 @dataclass
@@ -77,6 +79,7 @@ class RoundRecord:
     target_kv_bytes: int
     bandit: BanditSnapshot | None = None
     drafter_read_target: bool = False  # the drafter read the target's hidden state (mamba-feat)
+    mapping_ms: float | None = None  # time spent mapping between two tokenizers (a drafter with its own), in round_ms
 
     def to_dict(self) -> dict:
         return asdict(self)

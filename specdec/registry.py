@@ -62,6 +62,10 @@ KINDS: dict[str, DrafterKind] = {kind.name: kind for kind in (
                 "Also reads the target's last hidden state, which each check computes anyway: more to go on per "
                 "token, but trained for this one target and useless with any other.",
                 model="mamba-feat-smollm2", flag="--feat-drafter", env="SPECDEC_FEAT_DRAFTER"),
+    DrafterKind("xmamba", "xmamba", "specdec.drafters.cross:CrossMamba", "Mamba drafter with its own tokenizer",
+                "Mamba, another tokenizer", "A Mamba drafter that does not share the target's tokenizer: its "
+                "guesses are turned into text and re-encoded for the target, which costs a little each round.",
+                model="xmamba-smollm2", flag="--xdrafter", env="SPECDEC_XDRAFTER"),
     DrafterKind("transformer", "tf", "specdec.drafters.transformer:TransformerDrafter",
                 "small Transformer drafter", "Transformer",
                 "A small Transformer drafter: its KV cache, and its step, grow with the text.",

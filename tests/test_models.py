@@ -19,22 +19,23 @@ def fake_assets(root: Path, missing: str | None) -> Path:
     for name in SHIPPED:
         folder = root / PRESETS[name].folder
         folder.mkdir(parents=True)
-        for file in SHIPPED_DRAFTER_FILES:
+        for file in PRESETS[name].files:
             if file != missing:
                 (folder / file).write_text("{}")
     return root
 
 
 def test_the_shipped_drafters_are_presets_with_their_files():
-    assert SHIPPED == ["mamba-smollm2", "mamba-feat-smollm2", "tf-smollm2"]
+    assert SHIPPED == ["mamba-smollm2", "mamba-feat-smollm2", "tf-smollm2", "xmamba-smollm2"]
     for name in SHIPPED:
         folder = models_module.ASSETS / PRESETS[name].folder
-        assert PRESETS[name].files == SHIPPED_DRAFTER_FILES
-        assert all((folder / file).is_file() for file in SHIPPED_DRAFTER_FILES), folder
+        expected = SHIPPED_DRAFTER_FILES if name != "xmamba-smollm2" else ("config.json", "model.safetensors",
+                                                                          "tokenizer.json")  # its own tokenizer
+        assert PRESETS[name].files == expected
+        assert all((folder / file).is_file() for file in expected), folder
 
 
-@pytest.mark.parametrize("missing", SHIPPED_DRAFTER_FILES)
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name, missing", [(name, file) for name in SHIPPED for file in PRESETS[name].files])
 def test_a_missing_file_of_a_shipped_drafter_is_named(monkeypatch, tmp_path, name, missing):
     monkeypatch.setattr(models_module, "ASSETS", fake_assets(tmp_path, missing))
     path = tmp_path / PRESETS[name].folder / missing

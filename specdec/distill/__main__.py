@@ -79,13 +79,36 @@ def stage_train(args: argparse.Namespace) -> None:
                          batch_size=args.train_batch, lr=args.lr, draft_vocab=args.draft_vocab, seed=args.seed,
                          response_share=args.response_share, eval_every=args.eval_every, threads=args.threads,
                          hidden=args.hidden, mamba_layers=args.layers, tf_layers=args.layers,
-                         init=str(args.init) if args.init else None)
+                         init=str(args.init) if args.init else None,
+                         tokenizer=str(args.tokenizer) if args.tokenizer else None)
     run = args.data / "runs" / args.name
-    if (run / "ckpt.pt").exists() and not recipe_for(args.arch).reads_target:  # resume: E was read on the fresh run
+    resume = (run / "ckpt.pt").exists()
+    if resume:  # a resumed run keeps the tokenizer it was started with
+        config.tokenizer = json.loads((run / "train_config.json").read_text()).get("tokenizer")
+    if config.tokenizer:  # a drafter of its own tokenizer: the target's tokenizer reads the teacher's shards
+        from transformers import AutoTokenizer
+
+        target = _target(args, "float32")
+        embedding = None if resume else target_weights(target.model)[0]
+        train(args.data / "teacher", run, config, embedding, len(AutoTokenizer.from_pretrained(config.tokenizer)),
+              target_tokenizer=target.tokenizer)
+        return
+    if resume and not recipe_for(args.arch).reads_target:  # resume: E was read on the fresh run
         train(args.data / "teacher", run, config, None, json.loads((run / "train_config.json").read_text())["vocab_size"])
         return
     embedding, head = target_weights(_target(args, "float32").model)
     train(args.data / "teacher", run, config, embedding, len(embedding), head)
+
+
+def stage_tokenizer(args: argparse.Namespace) -> None:
+    """Train the drafter's own byte-level BPE on the corpus (into `--tokenizer`, default DATA/tokenizer)."""
+    from specdec.distill.tokenizer import overlap, train_tokenizer
+    from transformers import AutoTokenizer
+
+    target = _target(args, "float32").tokenizer
+    folder = train_tokenizer(args.data / "corpus", args.tokenizer or args.data / "tokenizer", args.tokenizer_vocab,
+                             target)
+    print(f"tokenizer in {folder}: {json.dumps(overlap(target, AutoTokenizer.from_pretrained(folder)))}")
 
 
 def stage_evaluate(args: argparse.Namespace) -> None:
@@ -128,7 +151,8 @@ def stage_all(args: argparse.Namespace) -> None:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m specdec.distill", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("stage", choices=["corpus", "teacher", "features", "train", "evaluate", "export", "compare", "all"])
+    p.add_argument("stage", choices=["corpus", "tokenizer", "teacher", "features", "train", "evaluate", "export",
+                                     "compare", "all"])
     p.add_argument("--target", default=DEFAULT_TARGET, help="target preset, folder, .gguf or hub id")
     p.add_argument("--data", type=Path, default=Path("data/distill"), help="working folder (resumable)")
     p.add_argument("--seed", type=int, default=0)
@@ -175,6 +199,10 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--init", type=Path, default=None,
                        help="start a fresh run from this exported drafter folder of the same --arch (its weights, "
                             "draft vocabulary and size; a new optimizer), e.g. assets/drafters/mamba-smollm2")
+    train.add_argument("--tokenizer", type=Path, default=None,
+                       help="the drafter's own tokenizer folder (the `tokenizer` stage writes one): a Mamba drafter "
+                            "for a target of another tokenizer, the engine's xmamba kind")
+    train.add_argument("--tokenizer-vocab", type=int, default=8192, help="the `tokenizer` stage's vocabulary size")
     train.add_argument("--seq-len", type=int, default=256)
     train.add_argument("--train-batch", type=int, default=16)
     train.add_argument("--lr", type=float, default=2e-3)
@@ -193,7 +221,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    {"corpus": stage_corpus, "teacher": stage_teacher, "features": stage_features, "train": stage_train,
+    {"corpus": stage_corpus, "tokenizer": stage_tokenizer, "teacher": stage_teacher, "features": stage_features, "train": stage_train,
      "evaluate": stage_evaluate, "export": stage_export, "compare": stage_compare, "all": stage_all}[args.stage](args)
 
 

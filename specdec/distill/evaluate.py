@@ -53,7 +53,7 @@ def run_engine(models: Models, method: str, prompts: list, max_new_tokens: int) 
 
 def engine_report(models: Models, kind: str, prompts: list, max_new_tokens: int) -> dict:
     """Greedy chain-of-4 speculative decoding against target-only decoding on the same prompts."""
-    method = {"mamba": "mamba-chain", "mamba-feat": "mamba-feat-chain"}.get(kind, "tf-chain")
+    method = {"mamba": "mamba-chain", "mamba-feat": "mamba-feat-chain", "xmamba": "xmamba-chain"}.get(kind, "tf-chain")
     sd = run_engine(models, method, prompts, max_new_tokens)
     ar = run_engine(models, "ar", prompts, max_new_tokens)
     by_domain: dict[str, list[float]] = {}
@@ -77,7 +77,8 @@ def evaluate(target: LoadedModel, teacher: Path, run: Path, prompts_per_domain: 
     """Measure the run's last checkpoint; writes `run/eval.json` and the drafter folder it was measured from (the
     recipe's `engine_drafter`)."""
     model, draft_ids, counters = load_run(run)
-    recipe = recipe_for(counters["config"]["arch"], *target_weights(target.model))
+    recipe = recipe_for(counters["config"]["arch"], *target_weights(target.model),
+                        tokenizer=counters["config"].get("tokenizer"), target_tokenizer=target.tokenizer)
     held_out = recipe.load_shards(teacher / "responses" / "eval")
     report = {"counters": {k: v for k, v in counters.items() if k != "config"},
               "teacher_forced": greedy_acceptance(recipe, model, held_out, draft_ids),

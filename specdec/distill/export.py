@@ -68,6 +68,8 @@ def _reproduce(recipe: Recipe, name: str, config: dict, segments: list[dict]) ->
     """The commands that rebuild the run: per segment, the teacher data it saw, then its training budget."""
     parts = 1 + max((int(part) for seg in segments for part in seg.get("part_shards", {})), default=0)
     lines = ["python -m specdec.distill corpus" + (f" --parts {parts}" if parts > 1 else "")]
+    if config.get("tokenizer"):
+        lines.append(f"python -m specdec.distill tokenizer --tokenizer {config['tokenizer']}")
     features = recipe.reads_features  # its teacher data carries the target's features too
     for index, seg in enumerate(segments):
         sampled = (f" --sampled-passes {seg['sampled_passes']} --sampling-temperature {seg['sampling_temperature']:g} "
@@ -85,7 +87,8 @@ def _reproduce(recipe: Recipe, name: str, config: dict, segments: list[dict]) ->
                      f"--lr {seg['lr']} --seq-len {seg['seq_len']} --train-batch {seg['batch_size']} "
                      f"--eval-every {seg['eval_every']}"
                      + (f" --threads {seg['threads']}" if seg['threads'] else "")
-                     + (f" --init {config['init']}" if config.get("init") and index == 0 else ""))
+                     + (f" --init {config['init']}" if config.get("init") and index == 0 else "")
+                     + (f" --tokenizer {config['tokenizer']}" if config.get("tokenizer") else ""))
     return "\n".join(lines)
 
 
@@ -123,11 +126,11 @@ def _measured_table(recipe: Recipe, report: dict) -> str:
 
 
 def model_card(name: str, run: Path, report: dict, counters: dict, teacher_summary: dict, size: int,
-               params: int) -> str:
+               params: int, recipe: Recipe | None = None) -> str:
     """A short card: what the drafter is, its data, budget, measured acceptance and learning curve, and the
     commands that rebuild it; the recipe (the run's `arch`) writes what is its own."""
     config = counters["config"]
-    recipe = recipe_for(config["arch"])
+    recipe = recipe or recipe_for(config["arch"])
     data = "\n".join(f"- `{k}`: {v['labelled_tokens']:,} labelled tokens in {v['shards']} shards"
                      + (f" ({v['answer_tokens']:,} in the target's answers, the rest in prompts)"
                         if k.startswith("responses") else "") for k, v in teacher_summary.items())
@@ -187,12 +190,13 @@ def export(run: Path, folder: Path, tokenizer: PreTrainedTokenizerBase, teacher:
     `tokenizer` is the target's, which the run must fit (`Recipe.check_target`).
     """
     model, draft_ids, counters = load_run(run)
-    recipe = recipe_for(counters["config"]["arch"])
+    recipe = recipe_for(counters["config"]["arch"], tokenizer=counters["config"].get("tokenizer"),
+                        target_tokenizer=tokenizer)
     recipe.check_target(model, tokenizer, run)
     params = sum(p.numel() for p in model.parameters())
     recipe.save(model, draft_ids, folder)
     report = json.loads((run / "eval.json").read_text())
     summary = json.loads((teacher / "teacher_summary.json").read_text())
-    card = model_card(folder.name, run, report, counters, summary, folder_bytes(folder), params)
+    card = model_card(folder.name, run, report, counters, summary, folder_bytes(folder), params, recipe)
     (folder / "README.md").write_text(card)
     return folder

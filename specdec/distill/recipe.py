@@ -46,6 +46,7 @@ class TrainConfig:
     eval_every: int = 200
     threads: int | None = None
     init: str | None = None  # a fresh run starts from this exported drafter folder (weights, V_d, size)
+    tokenizer: str | None = None  # the drafter's own tokenizer folder (a drafter for a target of another tokenizer)
 
 
 def target_weights(model: PreTrainedModel) -> tuple[torch.Tensor, torch.Tensor]:
@@ -161,6 +162,10 @@ class Recipe:
     # --- training ---------------------------------------------------------------------------------------------
     def load_shards(self, folder: Path) -> list[Shard]:
         return load_shards(folder)
+
+    def text_shards(self, teacher: Path) -> list[Shard]:
+        """The raw text it trains on beside the answers: the teacher's labelled text."""
+        return self.load_shards(teacher / "text")
 
     def stream(self, shards: list[Shard]) -> Stream:
         return Stream(shards)

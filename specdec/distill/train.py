@@ -44,9 +44,16 @@ def reuse_freed_memory() -> bool:
     return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))
 
 
-def recipe_for(arch: str, target_embedding: torch.Tensor | None = None,
-               target_head: torch.Tensor | None = None) -> Recipe:
-    """The recipe `--arch` names, reading the target's E and H [V, D] where it needs them."""
+def recipe_for(arch: str, target_embedding: torch.Tensor | None = None, target_head: torch.Tensor | None = None,
+               tokenizer: str | None = None, target_tokenizer=None) -> Recipe:
+    """The recipe `--arch` (with `--tokenizer`) names, reading the target's E and H [V, D] where it needs them;
+    a drafter with a `tokenizer` of its own reads the teacher's shards with the target's."""
+    if tokenizer:
+        if arch != "mamba":
+            raise ValueError("a drafter with a tokenizer of its own is a Mamba (--arch mamba)")
+        from specdec.distill.cross import CrossPlugIn
+
+        return CrossPlugIn(tokenizer, target_embedding, target_tokenizer)
     if arch == "mamba-feat":
         return Features(target_embedding, target_head)
     if arch in ("mamba", "transformer"):
@@ -69,7 +76,7 @@ def _progress(config: TrainConfig, wall_s: float, tokens: int) -> float:
 def _restore(run: Path) -> tuple[nn.Module, torch.Tensor, dict, dict]:
     """(drafter with the last checkpoint's weights, V_d, the checkpoint, the run's `train_config.json`)."""
     saved = json.loads((run / "train_config.json").read_text())
-    model = recipe_for(saved["arch"]).restore(saved)
+    model = recipe_for(saved["arch"], tokenizer=saved.get("tokenizer")).restore(saved)
     ckpt = torch.load(run / "ckpt.pt", weights_only=False)
     model.load_state_dict(ckpt["model"])
     return model, load_draft_vocab(str(run)), ckpt, saved
@@ -173,20 +180,20 @@ def _batch(streams: list[tuple[Stream, int]], config: TrainConfig, generator: to
 
 
 def train(teacher: Path, run: Path, config: TrainConfig, target_embedding: torch.Tensor | None, vocab_size: int,
-          target_head: torch.Tensor | None = None) -> nn.Module:
+          target_head: torch.Tensor | None = None, target_tokenizer=None) -> nn.Module:
     """Train (or resume) the recipe `config.arch` until the wall-time or token budget is spent; returns the drafter.
 
     `target_embedding` and `target_head`: the target's E and H [V, D] (`recipe.target_weights`). The plug-in
     recipes read E to initialise a fresh run (None: a random embedding) and H never; the feature recipe reads
     both at every step.
     """
-    recipe = recipe_for(config.arch, target_embedding, target_head)
+    recipe = recipe_for(config.arch, target_embedding, target_head, config.tokenizer, target_tokenizer)
     if config.threads:
         torch.set_num_threads(config.threads)
     run.mkdir(parents=True, exist_ok=True)
     answers = {folder.name: recipe.load_shards(folder) for folder in response_folders(teacher)}
     response_shards = [shard for shards in answers.values() for shard in shards]
-    text_shards = recipe.load_shards(teacher / "text")
+    text_shards = recipe.text_shards(teacher)
     held_out = recipe.load_shards(teacher / "responses" / "eval")
     if not response_shards and not text_shards:
         missing = "teacher shards with features: run the `features`" if recipe.reads_features else \

@@ -34,6 +34,8 @@ class DraftTree:
     q_tok: list[float]  # [n] q of each node's token at its parent (1.0 for the root)
     q: torch.Tensor | None  # [n, V] drafter distribution at each node (sampling only; leaf rows unused)
     point: list[bool] | None = None  # [n] node proposed with a point mass (copied from the context), not from q
+    sources: list[list[str] | None] | None = None  # [n] a drafter of another tokenizer: the text of its own tokens
+    # (one piece per token) whose branch added the node
 
 
 @dataclass
@@ -114,6 +116,16 @@ class Drafter(ABC):
 
     def state_bytes(self) -> int:
         return 0
+
+    def for_decoding(self, greedy: bool) -> Drafter:
+        """The drafter to use under greedy decoding or under sampling (itself, unless the two need different
+        schemes, as a drafter with another tokenizer does)."""
+        return self
+
+    def mapping_ms(self) -> float | None:
+        """The time the last round spent mapping tokens between tokenizers (None for a drafter that shares the
+        target's)."""
+        return None
 
 
 class NoDrafter(Drafter):

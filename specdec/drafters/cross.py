@@ -25,11 +25,13 @@ emits outside the shared set reach the drafter re-encoded as text.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
 
 from specdec.drafters.base import Drafter, DraftTree, Sampler
+from specdec.models import LoadedModel, ModelLoadError, load_model
 from specdec.tree import TreeShape
 
 LOOK_BEHIND = 4  # committed tokens re-encoded with a branch, on either side of the boundary
@@ -63,12 +65,12 @@ class Trie:
     """Target-token sequences below a root, merged where they share a prefix; nodes in insertion order."""
 
     def __init__(self, root: int, max_nodes: int) -> None:
-        self.tokens, self.parents, self.q_tok = [root], [-1], [1.0]
+        self.tokens, self.parents, self.q_tok, self.sources = [root], [-1], [1.0], [None]
         self.children: list[dict[int, int]] = [{}]
         self.max_nodes = max_nodes  # drafted nodes, the root not counted
 
-    def insert(self, sequence: Sequence[int], q: float) -> None:
-        """Add `sequence` below the root, as far as the node budget allows."""
+    def insert(self, sequence: Sequence[int], q: float, source: list[str] | None = None) -> None:
+        """Add `sequence` below the root, as far as the node budget allows; `source` labels the nodes it adds."""
         node = 0
         for token in sequence:
             child = self.children[node].get(token)
@@ -80,18 +82,35 @@ class Trie:
                 self.tokens.append(token)
                 self.parents.append(node)
                 self.q_tok.append(q)
+                self.sources.append(source)
                 self.children.append({})
             node = child
 
 
 class CrossTokenizerDrafter(Drafter):
-    """`inner` drafts in the tokens of `drafter_tokenizer`; the trees it returns are over `target_tokenizer`'s."""
+    """`inner` drafts in the tokens of `drafter_tokenizer`; the trees it returns are over `target_tokenizer`'s.
 
-    def __init__(self, inner: Drafter, target_tokenizer, drafter_tokenizer, look_behind: int = LOOK_BEHIND) -> None:
+    `vocab_size` (the target's logits width) and `drafter_vocab` (the inner drafter's) let `for_decoding` hand
+    sampling over to `SharedVocabDrafter`; without them this drafter serves greedy decoding only."""
+
+    def __init__(self, inner: Drafter, target_tokenizer, drafter_tokenizer, look_behind: int = LOOK_BEHIND,
+                 vocab_size: int | None = None, drafter_vocab: int | None = None) -> None:
         self.inner, self.target_tokenizer, self.drafter_tokenizer = inner, target_tokenizer, drafter_tokenizer
-        self.look_behind = look_behind
+        self.look_behind, self.vocab_size, self.drafter_vocab = look_behind, vocab_size, drafter_vocab
         self.name = f"{inner.name} (own tokenizer)"
         self.reads_target, self.max_context = False, None  # the drafter's context is counted in its own tokens
+        self.map_s = 0.0  # the current round's time in re-encoding, drafting and catching up
+
+    def for_decoding(self, greedy: bool) -> Drafter:
+        if greedy:
+            return self
+        if self.vocab_size is None or self.drafter_vocab is None:
+            raise ValueError("a drafter with another tokenizer drafts under greedy decoding only (temperature 0)")
+        return SharedVocabDrafter(self.inner, self.target_tokenizer, self.drafter_tokenizer, self.vocab_size,
+                                  self.drafter_vocab)
+
+    def mapping_ms(self) -> float | None:
+        return self.map_s * 1e3
 
     def start(self, context: list[int], max_nodes: int, features: torch.Tensor | None = None) -> None:
         self.context = list(context)  # target ids, the root last
@@ -106,27 +125,35 @@ class CrossTokenizerDrafter(Drafter):
         if not sampler.greedy:
             raise ValueError("a drafter with another tokenizer drafts under greedy decoding only (temperature 0)")
         inner = self.inner.draft(shape, sampler)
+        tick = time.perf_counter()
         trie = Trie(self.context[-1], max(self.max_nodes, 1))
         behind = self.context[-self.look_behind:]
         branches: dict[int, list[int]] = {0: []}  # inner node -> its drafter tokens below the root
+        texts: dict[int, str] = {0: ""}  # inner node -> the text its branch adds
+        pieces: dict[int, list[str]] = {0: []}  # inner node -> that text, one piece per drafter token
         for node in range(1, len(inner.tokens)):  # parents come before children
-            branches[node] = [*branches[inner.parents[node]], inner.tokens[node]]
-            text = text_after(self.drafter_tokenizer, self.fed, branches[node])
-            mapped = continuation(self.target_tokenizer, behind, text) if text else None
+            parent = inner.parents[node]
+            branches[node] = [*branches[parent], inner.tokens[node]]
+            texts[node] = text_after(self.drafter_tokenizer, self.fed, branches[node])
+            pieces[node] = [*pieces[parent], texts[node][len(texts[parent]):]]
+            mapped = continuation(self.target_tokenizer, behind, texts[node]) if texts[node] else None
             if mapped:
-                trie.insert(mapped, inner.q_tok[node])
-        self.tree = DraftTree(inner.shape, trie.tokens, trie.parents, trie.q_tok, None)
+                trie.insert(mapped, inner.q_tok[node], pieces[node])
+        self.tree = DraftTree(inner.shape, trie.tokens, trie.parents, trie.q_tok, None, sources=trie.sources)
+        self.map_s = time.perf_counter() - tick
         return self.tree
 
     def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = (),
                features: torch.Tensor | None = None) -> None:
         """`path` indexes the last trie; the emitted target tokens' text is fed to the drafter as unseen tokens."""
+        tick = time.perf_counter()
         emitted = [*(self.tree.tokens[node] for node in path[1:]), *unseen, next_token]
         text = text_after(self.target_tokenizer, self.context[-self.look_behind:], emitted)
         self.context.extend(emitted)
         # Text that makes no drafter token (a token the decoder drops) still moves the drafter on one token: it
         # is given its last token again, which costs draft quality only.
         drafted = _ids(self.drafter_tokenizer, text) or self.fed[-1:]
+        self.map_s += time.perf_counter() - tick
         self.inner.commit([0], drafted[-1], drafted[:-1])
         self.fed = [*self.fed, *drafted][-self.look_behind:]
 
@@ -179,6 +206,10 @@ class SharedVocabDrafter(Drafter):
         self.drafter_ids, self.target_ids = drafter_ids, target_ids
         self.name = f"{inner.name} (shared vocabulary)"
         self.reads_target, self.max_context = False, None
+        self.map_s = 0.0
+
+    def mapping_ms(self) -> float | None:
+        return self.map_s * 1e3
 
     def _drafter_tokens(self, target_tokens: Sequence[int]) -> list[int]:
         """Target tokens as drafter tokens: a shared token as itself, a run of others re-encoded as text."""
@@ -206,20 +237,49 @@ class SharedVocabDrafter(Drafter):
 
     def draft(self, shape: TreeShape, sampler: Sampler) -> DraftTree:
         inner = self.inner.draft(shape, SharedVocabSampler(sampler, self.allowed))
+        tick = time.perf_counter()
         tokens = [self.root, *self.to_target[torch.tensor(inner.tokens[1:], dtype=torch.long)].tolist()]
         q = None
         if inner.q is not None:  # [n, V_d] -> [n, V]: the restricted distribution sits on the shared ids
             q = inner.q.new_zeros(len(tokens), self.vocab_size)
             q[:, self.target_ids.to(q.device)] = inner.q[:, self.drafter_ids.to(q.device)]
+        self.map_s = time.perf_counter() - tick
         return DraftTree(inner.shape, tokens, inner.parents, inner.q_tok, q)
 
     def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = (),
                features: torch.Tensor | None = None) -> None:
         """The accepted nodes are the drafter's own; what follows them reaches it in its tokens."""
         # (text that makes no drafter token moves the drafter on by its last token again: draft quality only)
+        tick = time.perf_counter()
         after = self._drafter_tokens([*unseen, next_token]) or [self.last_fed]
+        self.map_s += time.perf_counter() - tick
         self.inner.commit(path, after[-1], after[:-1])
         self.root, self.last_fed = next_token, after[-1]
 
     def state_bytes(self) -> int:
         return self.inner.state_bytes()
+
+
+class CrossMamba(CrossTokenizerDrafter):
+    """The registry's `xmamba` kind: a Mamba language model with a tokenizer of its own, drafting for a target
+    of another tokenizer (any pairing loads; greedy decoding re-encodes branches, sampling drafts the shared
+    vocabulary, see `for_decoding`). A Mamba drafter that shares the target's tokenizer works here too, at the
+    cost of the mapping."""
+
+    @staticmethod
+    def load(spec: str, device: torch.device, dtype: torch.dtype, target: LoadedModel) -> LoadedModel:
+        loaded = load_model(spec, device, dtype, verified=False)
+        if loaded.model.config.model_type != "mamba":
+            raise ModelLoadError(f"drafter {spec!r} is a {loaded.model.config.model_type} model, not mamba")
+        if loaded.tokenizer is None:
+            raise ModelLoadError(f"drafter {spec!r} has no tokenizer of its own; a drafter for a target of another "
+                                 "tokenizer must carry one")
+        return loaded
+
+    @classmethod
+    def build(cls, loaded: LoadedModel, target: LoadedModel, cuda_graphs: bool | None = None) -> CrossMamba:
+        from specdec.drafters.mamba import MambaDrafter  # (mamba imports the models module this one does)
+
+        width = loaded.model.get_output_embeddings().weight.shape[0]
+        inner = MambaDrafter.from_folder(loaded.model, width, loaded.source, cuda_graphs)
+        return cls(inner, target.tokenizer, loaded.tokenizer, vocab_size=target.vocab_size, drafter_vocab=width)

@@ -79,7 +79,8 @@ def graft(tree: DraftTree, chain: list[int], merge: bool) -> DraftTree:
     if tree.q is not None:  # copied nodes' rows stay zero: their children are point masses too
         q = torch.cat([tree.q, tree.q.new_zeros(added, tree.q.shape[1])])  # [n, V]
     point = [*(tree.point or [False] * len(tree.tokens)), *[True] * added]
-    return DraftTree(tree.shape, tokens, parents, q_tok, q, point)
+    sources = [*tree.sources, *[None] * added] if tree.sources else None
+    return DraftTree(tree.shape, tokens, parents, q_tok, q, point, sources)
 
 
 class LookupBranch(Drafter):
@@ -138,3 +139,6 @@ class LookupBranch(Drafter):
 
     def state_bytes(self) -> int:
         return self.inner.state_bytes()
+
+    def mapping_ms(self) -> float | None:
+        return self.inner.mapping_ms()
