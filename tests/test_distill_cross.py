@@ -102,3 +102,28 @@ def test_a_drafter_of_its_own_tokenizer_trains_resumes_evaluates_and_exports(dat
     loaded = models.drafter("xmamba").model.state_dict()  # the folder holds the trained weights, in bf16
     for name, weight in model.state_dict().items():
         assert torch.equal(loaded[name], weight.to(torch.bfloat16).to(loaded[name].dtype)), name
+
+
+def test_the_same_recipe_with_the_targets_tokenizer_is_an_ordinary_mamba_drafter(data, tmp_path):
+    """The control beside a drafter of another tokenizer: the target's own tokenizer and a reduced head."""
+    out, target, _ = data
+    from specdec.distill.recipe import TrainConfig, target_weights
+
+    same = tmp_path / "same-tokenizer"
+    target.tokenizer.save_pretrained(same)
+    config = TrainConfig(arch="mamba", hidden=16, mamba_layers=1, minutes=10.0, max_tokens=4 * 16 * 2, seq_len=16,
+                         batch_size=4, warmup=1, draft_vocab=50, eval_every=2, tokenizer=str(same))
+    run = out / "runs" / "same"
+    train(out / "teacher", run, config, target_weights(target.model)[0], len(target.tokenizer),
+          target_tokenizer=target.tokenizer)
+    model, draft_ids, _ = load_run(run)
+    assert len(draft_ids) == 50 and set(range(len(target.tokenizer.all_special_tokens))) <= set(draft_ids.tolist())
+    evaluate(target, out / "teacher", run, 1, 8)
+    exported = export(run, tmp_path / "same-export", target.tokenizer, out / "teacher")
+    assert json.loads((exported / "draft_vocab.json").read_text())["token_ids"] == draft_ids.tolist()
+    models = Models.from_loaded(target, {})
+    models.specs["mamba"] = str(exported)
+    config = dict(max_new_tokens=12)
+    ar = list(generate(models, "the cat sat", GenerationConfig(method="ar", **config), chat=False))[-1]
+    sd = list(generate(models, "the cat sat", GenerationConfig(method="mamba-chain", **config), chat=False))[-1]
+    assert sd.token_ids == ar.token_ids and sd.drafted_tokens > 0

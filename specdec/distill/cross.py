@@ -15,6 +15,7 @@ A fresh run's embedding rows of the tokens both vocabularies hold start from the
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,6 +61,18 @@ def convert_answers(shard: Shard, target: PreTrainedTokenizerBase, drafter: PreT
         head = _encode(drafter, prompt)
         sequences.append((head + _encode(drafter, answer), len(head) or 1))
     return {**_pack(sequences, list(shard["domains"])), "split": shard["split"]}
+
+
+def frequent_tokens(shards: list[Shard], size: int, vocab_size: int, specials: int) -> torch.Tensor:
+    """V_d: the special tokens and the `size` tokens that most often come next in the training data (all of the
+    vocabulary when `size` is 0 or not smaller); ids never seen fill the rest in id order."""
+    if size <= 0 or size >= vocab_size:
+        return torch.arange(vocab_size)
+    counts = -torch.arange(vocab_size) / vocab_size  # the tie-break: lower id first
+    for shard in shards:
+        counts += torch.bincount(shard["tokens"][1:][shard["known"][:-1]].long(), minlength=vocab_size).float()
+    counts[:specials] = float("inf")
+    return counts.topk(size).indices.sort().values
 
 
 class TokenStream(Stream):
@@ -116,14 +129,15 @@ class CrossPlugIn(PlugIn):
             drafter_ids, target_ids = shared_vocabulary(self.target_tokenizer, self.tokenizer)
             keep = drafter_ids < vocab_size
             weight[drafter_ids[keep]] = project_embedding(self.target_embedding, config.hidden)[target_ids[keep]]
-        return model, torch.arange(vocab_size)
+        return model, frequent_tokens(shards, config.draft_vocab, vocab_size, len(self.tokenizer.all_special_tokens))
 
     def loss(self, model: PreTrainedModel, batch: tuple[torch.Tensor, ...], draft_ids: torch.Tensor,
              lut: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         ids, known = batch
-        logits = draft_logits(model, ids[:, :-1], draft_ids)  # [B, L-1, V_d]
-        mask = known[:, :-1]
-        return F.cross_entropy(logits[mask].float(), ids[:, 1:][mask])
+        logits = draft_logits(model, ids[:, :-1], draft_ids)  # [B, L-1, |V_d|]
+        slot = lut[ids[:, 1:]]  # the next token's place in V_d, -1 outside it
+        mask = known[:, :-1] & (slot >= 0)
+        return F.cross_entropy(logits[mask].float(), slot[mask])
 
     def greedy(self, model: PreTrainedModel, batch: list[Answer],
                draft_ids: torch.Tensor) -> Iterator[tuple[str, Answer, torch.Tensor]]:
@@ -131,7 +145,7 @@ class CrossPlugIn(PlugIn):
         ids = torch.full((len(batch), max(len(a.tokens) for a in batch)), pad, dtype=torch.long)  # [B, W]
         for row, answer in enumerate(batch):
             ids[row, :len(answer.tokens)] = answer.tokens
-        guess = draft_logits(model, ids, draft_ids).argmax(-1)  # [B, W]
+        guess = draft_ids[draft_logits(model, ids, draft_ids).argmax(-1)]  # [B, W]
         for row, answer in enumerate(batch):
             yield answer.domain, answer, guess[row, answer.drafted]
             yield "all", answer, guess[row, answer.drafted]
@@ -139,10 +153,12 @@ class CrossPlugIn(PlugIn):
     # --- evaluation and export ----------------------------------------------------------------------------------
     def save(self, model: PreTrainedModel, draft_ids: torch.Tensor, folder: Path,
              tokenizer: PreTrainedTokenizerBase | None = None) -> Path:
-        """A Hugging Face folder with the drafter's own tokenizer (compact JSON) and no draft vocabulary: its head
-        scores every one of its tokens."""
+        """A Hugging Face folder with the drafter's own tokenizer (compact JSON), and `draft_vocab.json` only when
+        the head scores fewer than all of its tokens."""
         folder.mkdir(parents=True, exist_ok=True)
         copy.deepcopy(model).to(torch.bfloat16).save_pretrained(folder)  # the caller's model keeps its precision
+        if len(draft_ids) < model.config.vocab_size:
+            (folder / "draft_vocab.json").write_text(json.dumps({"token_ids": draft_ids.tolist()}))
         self.tokenizer.save_pretrained(folder)
         self.tokenizer.backend_tokenizer.save(str(folder / "tokenizer.json"), pretty=False)
         return folder
@@ -174,6 +190,11 @@ class CrossPlugIn(PlugIn):
     def describe_loss(self) -> str:
         return ("Loss: next-token cross-entropy in the drafter's own tokens, on the target's greedy answers (re-encoded "
                 "from the target's tokens) and the raw text,")
+
+    def describe_text(self) -> str:
+        return ("the answers were decoded from the target's tokens and encoded in the drafter's; raw text is the "
+                "corpus's standard-library source and documentation (`corpus/text.jsonl`) in the drafter's tokens, "
+                "with no teacher labels (next-token targets).")
 
     def teacher_forced_rows(self, acceptance: dict[str, float]) -> list[str]:
         domains = ", ".join(f"{d} {v:.3f}" for d, v in acceptance.items() if d != "all")

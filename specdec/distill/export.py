@@ -152,8 +152,7 @@ def model_card(name: str, run: Path, report: dict, counters: dict, teacher_summa
 Prompts are written templates in four domains (code, math, chat, summary) with snippets and passages from the
 Python standard library; `responses/train` holds the target's greedy answers to them, `responses/train-partK` (if
 any) those to the prompts appended as corpus part K, `responses/train-t<T>-<i>` (if any) answers sampled at
-temperature T, labelled with the untempered top-k; raw text is standard-library
-source and documentation labelled with one target pass.
+temperature T, labelled with the untempered top-k; {recipe.describe_text()}
 Held-out prompts (16 per domain) and their sources never appear in training.
 
 ## Training

@@ -221,6 +221,10 @@ class Recipe:
         """The card's sentence on the loss (and what the teacher data holds beyond the top-k)."""
         raise NotImplementedError
 
+    def describe_text(self) -> str:
+        """The card's words on the raw text it trained on."""
+        return "raw text is standard-library source and documentation labelled with one target pass."
+
     def teacher_forced_rows(self, acceptance: dict[str, float]) -> list[str]:
         """The card's rows of measured teacher-forced acceptance."""
         raise NotImplementedError
