@@ -27,7 +27,8 @@ CASES = [("mamba-chain", None, 0, "mamba-smollm2"), ("mamba-tree", "3,2,1", 0, "
          ("tf-chain", None, 0, "tf-smollm2"), ("tf-tree", "2,2,2", 0, "tf-smollm2"),
          ("tf-tree", None, LOOKUP_BRANCH, "tf-smollm2+lookup"), ("lookup-chain", None, 0, "lookup"),
          ("mamba-feat-ucb", None, 0, "mamba-feat-smollm2"),
-         ("mamba-feat-tree", "2,2,1", LOOKUP_BRANCH, "mamba-feat-smollm2+lookup")]
+         ("mamba-feat-tree", "2,2,1", LOOKUP_BRANCH, "mamba-feat-smollm2+lookup"),
+         ("xmamba-ucb", None, 0, "xmamba-smollm2"), ("xmamba-tree", "2,2,1", LOOKUP_BRANCH, "xmamba-smollm2+lookup")]
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +63,8 @@ def test_the_shipped_drafters_are_loaded(smollm2):
     feat = smollm2.drafter("mamba-feat")
     assert feat.name == "mamba-feat-smollm2" and feat.source == str(ASSETS / "drafters" / "mamba-feat-smollm2")
     assert feat.model.config.target_hidden == smollm2.target.model.config.hidden_size
+    cross = smollm2.drafter("xmamba")  # its own tokenizer, which is not the target's
+    assert cross.name == "xmamba-smollm2" and cross.tokenizer.get_vocab() != smollm2.target.tokenizer.get_vocab()
 
 
 def test_every_method_matches_transformers_greedy(smollm2, fast_threads):

@@ -1,4 +1,4 @@
-"""Drafting with a drafter of another tokenizer, under greedy decoding (the first part of cross-tokenizer drafting).
+"""Drafting with a drafter of another tokenizer: the `xmamba` kind (`CrossMamba`) and the two schemes it runs.
 
 The drafter works in its own tokens, on the same text. Each round its tree's branches are turned into text and
 re-encoded by the target's tokenizer, and the branches become one trie over target ids, which the target verifies
@@ -14,7 +14,7 @@ a branch of drafter tokens into the text it adds.
 Catching up: after a round the text the target emitted (the accepted tokens and its own) is encoded in the
 drafter's tokens and fed to the drafter as tokens it has not seen (`commit(path=[0], ..., unseen=...)`), as if it
 had drafted nothing: its own branch, even one that matched, is fed again. Sampling needs `q` over target ids,
-which re-encoded text does not give: `CrossTokenizerDrafter` refuses temperatures above 0.
+which re-encoded text does not give: `CrossTokenizerDrafter.for_decoding` hands sampling to the other scheme.
 
 `SharedVocabDrafter` is the other scheme, exact under sampling too (token-level intersection, as in Timor et
 al., ICML 2025): the drafter may propose only the tokens both vocabularies hold (the same string), its
