@@ -88,6 +88,7 @@ class TokenStream(Stream):
 
 class CrossPlugIn(PlugIn):
     eval_batch = 16
+    text_from_teacher = False  # the corpus's raw text, read in its own tokens
     acceptance_headers = ("held-out acceptance, drafter tokens", "per domain")
 
     def __init__(self, tokenizer: str, target_embedding: torch.Tensor | None = None,

@@ -154,6 +154,7 @@ class Recipe:
     kind: str  # the `--arch` name, also the engine's drafter kind
     reads_features = False  # its teacher data carries the target's features (the `features` stage)
     reads_target = False  # it reads the target's E and H at every step (else E at most, to start a fresh run)
+    text_from_teacher = True  # its raw text is the teacher's labelled text shards (`text_shards`)
     eval_batch = 1  # held-out sequences per teacher-forced pass
     headline = "all"  # the acceptance figure the model card's status reads
     full_head_figure = False  # `evaluate` also measures acceptance with the drafter's full head, beside V_d's

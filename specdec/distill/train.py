@@ -203,7 +203,8 @@ def train(teacher: Path, run: Path, config: TrainConfig, target_embedding: torch
     model, draft_ids, ckpt = _load_or_init(run, config, recipe, shards, vocab_size)
     lut = vocab_lut(draft_ids, vocab_size)
     optimizer, state, generator = training_state(model, config, ckpt)
-    data = _data_record({name: len(s) for name, s in answers.items()}, len(text_shards))
+    data = _data_record({name: len(s) for name, s in answers.items()},
+                        len(text_shards) if recipe.text_from_teacher else 0)
     _log_segment(run, config, state, data, shards)
     streams = _streams(recipe, config, response_shards, text_shards)
 
