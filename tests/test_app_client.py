@@ -128,7 +128,7 @@ def test_the_drafter_and_way_controls_reach_every_method_once():
     from specdec.config import METHODS
     from specdec.registry import KINDS
 
-    assert list(DRAFTERS) == ["mamba", "mamba-feat", "transformer", "lookup", "none"] == list(KINDS)
+    assert list(DRAFTERS) == ["mamba", "mamba-feat", "xmamba", "transformer", "lookup", "none"] == list(KINDS)
     named = [method for ways in DRAFTERS.values() for method in ways.values()]
     assert sorted(named) == sorted(METHODS) == sorted(LABELS)  # every method once, with a label, nothing else
     for drafter, ways in DRAFTERS.items():
