@@ -55,6 +55,11 @@ def test_the_tokenizer_keeps_the_targets_special_tokens_first_and_overlaps_it_pa
     assert 0 < shared["of_drafter"] < 1 and len(recipe.tokenizer) == 280
 
 
+def _answer(shard, lo: int, hi: int) -> list[int]:
+    """The answer tokens of the sequence at [lo, hi) of a shard: those whose position is labelled."""
+    return shard["tokens"][lo + 1:hi][shard["label"][lo:hi - 1]].tolist()
+
+
 def test_answers_reach_the_drafter_as_the_same_text_in_its_tokens(data):
     out, target, folder = data
     recipe = CrossPlugIn(str(folder), target_tokenizer=target.tokenizer)
@@ -66,8 +71,7 @@ def test_answers_reach_the_drafter_as_the_same_text_in_its_tokens(data):
         c, d = converted["starts"][i:i + 2].tolist()
         assert recipe.tokenizer.decode(converted["tokens"][c:d].tolist()) == target.tokenizer.decode(
             shard["tokens"][a:b].tolist())
-        answer = lambda s, lo, hi: s["tokens"][lo + 1:hi][s["label"][lo:hi - 1]].tolist()  # noqa: E731
-        assert recipe.tokenizer.decode(answer(converted, c, d)) == target.tokenizer.decode(answer(shard, a, b))
+        assert recipe.tokenizer.decode(_answer(converted, c, d)) == target.tokenizer.decode(_answer(shard, a, b))
 
 
 def test_a_drafter_of_its_own_tokenizer_trains_resumes_evaluates_and_exports(data, tmp_path):
@@ -116,14 +120,14 @@ def test_the_same_recipe_with_the_targets_tokenizer_is_an_ordinary_mamba_drafter
     run = out / "runs" / "same"
     train(out / "teacher", run, config, target_weights(target.model)[0], len(target.tokenizer),
           target_tokenizer=target.tokenizer)
-    model, draft_ids, _ = load_run(run)
+    _, draft_ids, _ = load_run(run)
     assert len(draft_ids) == 50 and set(range(len(target.tokenizer.all_special_tokens))) <= set(draft_ids.tolist())
     evaluate(target, out / "teacher", run, 1, 8)
     exported = export(run, tmp_path / "same-export", target.tokenizer, out / "teacher")
     assert json.loads((exported / "draft_vocab.json").read_text())["token_ids"] == draft_ids.tolist()
     models = Models.from_loaded(target, {})
     models.specs["mamba"] = str(exported)
-    config = dict(max_new_tokens=12)
-    ar = list(generate(models, "the cat sat", GenerationConfig(method="ar", **config), chat=False))[-1]
-    sd = list(generate(models, "the cat sat", GenerationConfig(method="mamba-chain", **config), chat=False))[-1]
+    ar = list(generate(models, "the cat sat", GenerationConfig(method="ar", max_new_tokens=12), chat=False))[-1]
+    sd = list(generate(models, "the cat sat", GenerationConfig(method="mamba-chain", max_new_tokens=12),
+                       chat=False))[-1]
     assert sd.token_ids == ar.token_ids and sd.drafted_tokens > 0

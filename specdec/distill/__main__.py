@@ -102,8 +102,9 @@ def stage_train(args: argparse.Namespace) -> None:
 
 def stage_tokenizer(args: argparse.Namespace) -> None:
     """Train the drafter's own byte-level BPE on the corpus (into `--tokenizer`, default DATA/tokenizer)."""
-    from specdec.distill.tokenizer import overlap, train_tokenizer
     from transformers import AutoTokenizer
+
+    from specdec.distill.tokenizer import overlap, train_tokenizer
 
     target = _target(args, "float32").tokenizer
     folder = train_tokenizer(args.data / "corpus", args.tokenizer or args.data / "tokenizer", args.tokenizer_vocab,

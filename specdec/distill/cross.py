@@ -199,5 +199,5 @@ class CrossPlugIn(PlugIn):
 
     def teacher_forced_rows(self, acceptance: dict[str, float]) -> list[str]:
         domains = ", ".join(f"{d} {v:.3f}" for d, v in acceptance.items() if d != "all")
-        return [f"| greedy per-token acceptance in the drafter's tokens, teacher-forced on held-out answers | "
-                f"{acceptance['all']:.3f} ({domains}) |"]
+        return [(f"| greedy per-token acceptance in the drafter's tokens, teacher-forced on held-out answers | "
+                 f"{acceptance['all']:.3f} ({domains}) |")]
