@@ -31,6 +31,7 @@ from collections.abc import Sequence
 import torch
 
 from specdec.drafters.base import Drafter, DraftTree, Sampler
+from specdec.drafters.mamba import MambaDrafter
 from specdec.models import LoadedModel, ModelLoadError, load_model
 from specdec.tree import TreeShape
 
@@ -278,8 +279,6 @@ class CrossMamba(CrossTokenizerDrafter):
 
     @classmethod
     def build(cls, loaded: LoadedModel, target: LoadedModel, cuda_graphs: bool | None = None) -> CrossMamba:
-        from specdec.drafters.mamba import MambaDrafter  # (mamba imports the models module this one does)
-
         width = loaded.model.get_output_embeddings().weight.shape[0]
         inner = MambaDrafter.from_folder(loaded.model, width, loaded.source, cuda_graphs)
         return cls(inner, target.tokenizer, loaded.tokenizer, vocab_size=target.vocab_size, drafter_vocab=width)
