@@ -82,19 +82,19 @@ def stage_train(args: argparse.Namespace) -> None:
                          init=str(args.init) if args.init else None,
                          tokenizer=str(args.tokenizer) if args.tokenizer else None)
     run = args.data / "runs" / args.name
-    resume = (run / "ckpt.pt").exists()
-    if resume:  # a resumed run keeps the tokenizer it was started with
-        config.tokenizer = json.loads((run / "train_config.json").read_text()).get("tokenizer")
+    saved = json.loads((run / "train_config.json").read_text()) if (run / "ckpt.pt").exists() else None
+    if saved:  # a resumed run keeps the tokenizer it was started with
+        config.tokenizer = saved.get("tokenizer")
     if config.tokenizer:  # a drafter of its own tokenizer: the target's tokenizer reads the teacher's shards
         from transformers import AutoTokenizer
 
         target = _target(args, "float32")
-        embedding = None if resume else target_weights(target.model)[0]
+        embedding = None if saved else target_weights(target.model)[0]
         train(args.data / "teacher", run, config, embedding, len(AutoTokenizer.from_pretrained(config.tokenizer)),
               target_tokenizer=target.tokenizer)
         return
-    if resume and not recipe_for(args.arch).reads_target:  # resume: E was read on the fresh run
-        train(args.data / "teacher", run, config, None, json.loads((run / "train_config.json").read_text())["vocab_size"])
+    if saved and not recipe_for(args.arch).reads_target:  # resume: E was read on the fresh run
+        train(args.data / "teacher", run, config, None, saved["vocab_size"])
         return
     embedding, head = target_weights(_target(args, "float32").model)
     train(args.data / "teacher", run, config, embedding, len(embedding), head)

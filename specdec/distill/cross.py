@@ -14,9 +14,6 @@ A fresh run's embedding rows of the tokens both vocabularies hold start from the
 
 from __future__ import annotations
 
-import copy
-import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -24,8 +21,8 @@ import torch.nn.functional as F
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.distill.corpus import read_documents
-from specdec.distill.plugin import PlugIn, build_drafter, draft_logits, project_embedding
-from specdec.distill.recipe import Answer, Stream, TrainConfig
+from specdec.distill.plugin import PlugIn, build_drafter, draft_logits, project_embedding, save_drafter
+from specdec.distill.recipe import Stream, TrainConfig, most_frequent
 from specdec.distill.teacher import Shard, load_shards
 from specdec.drafters.cross import shared_vocabulary
 from specdec.models import LoadedModel
@@ -63,18 +60,6 @@ def convert_answers(shard: Shard, target: PreTrainedTokenizerBase, drafter: PreT
     return {**_pack(sequences, list(shard["domains"])), "split": shard["split"]}
 
 
-def frequent_tokens(shards: list[Shard], size: int, vocab_size: int, specials: int) -> torch.Tensor:
-    """V_d: the special tokens and the `size` tokens that most often come next in the training data (all of the
-    vocabulary when `size` is 0 or not smaller); ids never seen fill the rest in id order."""
-    if size <= 0 or size >= vocab_size:
-        return torch.arange(vocab_size)
-    counts = -torch.arange(vocab_size) / vocab_size  # the tie-break: lower id first
-    for shard in shards:
-        counts += torch.bincount(shard["tokens"][1:][shard["known"][:-1]].long(), minlength=vocab_size).float()
-    counts[:specials] = float("inf")
-    return counts.topk(size).indices.sort().values
-
-
 class TokenStream(Stream):
     """Windows of drafter ids and the mask of positions whose next token is trained on."""
 
@@ -98,6 +83,7 @@ class CrossPlugIn(PlugIn):
         self.tokenizer_folder = tokenizer
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer)
         self.target_tokenizer = target_tokenizer
+        self.pad_id = self.tokenizer.eos_token_id or 0
 
     # --- data ---------------------------------------------------------------------------------------------------
     def load_shards(self, folder: Path) -> list[Shard]:
@@ -130,7 +116,9 @@ class CrossPlugIn(PlugIn):
             drafter_ids, target_ids = shared_vocabulary(self.target_tokenizer, self.tokenizer)
             keep = drafter_ids < vocab_size
             weight[drafter_ids[keep]] = project_embedding(self.target_embedding, config.hidden)[target_ids[keep]]
-        return model, frequent_tokens(shards, config.draft_vocab, vocab_size, len(self.tokenizer.all_special_tokens))
+        # V_d: the special tokens and the tokens that most often come next in the training data
+        next_tokens = [shard["tokens"][1:][shard["known"][:-1]] for shard in shards]
+        return model, most_frequent(next_tokens, config.draft_vocab, vocab_size, len(self.tokenizer.all_special_tokens))
 
     def loss(self, model: PreTrainedModel, batch: tuple[torch.Tensor, ...], draft_ids: torch.Tensor,
              lut: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -140,34 +128,14 @@ class CrossPlugIn(PlugIn):
         mask = known[:, :-1] & (slot >= 0)
         return F.cross_entropy(logits[mask].float(), slot[mask])
 
-    def greedy(self, model: PreTrainedModel, batch: list[Answer],
-               draft_ids: torch.Tensor) -> Iterator[tuple[str, Answer, torch.Tensor]]:
-        pad = self.tokenizer.eos_token_id or 0
-        ids = torch.full((len(batch), max(len(a.tokens) for a in batch)), pad, dtype=torch.long)  # [B, W]
-        for row, answer in enumerate(batch):
-            ids[row, :len(answer.tokens)] = answer.tokens
-        guess = draft_ids[draft_logits(model, ids, draft_ids).argmax(-1)]  # [B, W]
-        for row, answer in enumerate(batch):
-            yield answer.domain, answer, guess[row, answer.drafted]
-            yield "all", answer, guess[row, answer.drafted]
-
     # --- evaluation and export ----------------------------------------------------------------------------------
     def save(self, model: PreTrainedModel, draft_ids: torch.Tensor, folder: Path,
              tokenizer: PreTrainedTokenizerBase | None = None) -> Path:
-        """A Hugging Face folder with the drafter's own tokenizer (compact JSON), and `draft_vocab.json` only when
-        the head scores fewer than all of its tokens."""
-        folder.mkdir(parents=True, exist_ok=True)
-        copy.deepcopy(model).to(torch.bfloat16).save_pretrained(folder)  # the caller's model keeps its precision
-        if len(draft_ids) < model.config.vocab_size:
-            (folder / "draft_vocab.json").write_text(json.dumps({"token_ids": draft_ids.tolist()}))
-        self.tokenizer.save_pretrained(folder)
-        self.tokenizer.backend_tokenizer.save(str(folder / "tokenizer.json"), pretty=False)
-        return folder
+        """The drafter folder with its own tokenizer, whatever the caller's."""
+        return save_drafter(model, draft_ids, self.tokenizer, folder)
 
-    def engine_drafter(self, model: PreTrainedModel, draft_ids: torch.Tensor, run: Path,
-                       target: LoadedModel) -> LoadedModel:
-        folder = self.save(model, draft_ids, run / "hf")
-        return LoadedModel(run.name, model.float().eval(), self.tokenizer, str(folder))
+    def drafter_tokenizer(self, target: LoadedModel) -> PreTrainedTokenizerBase:
+        return self.tokenizer
 
     def check_target(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, run: Path) -> None:
         """Any target will do: the engine maps between the two tokenizers."""

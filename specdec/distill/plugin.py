@@ -72,12 +72,17 @@ def draft_logits(model: PreTrainedModel, input_ids: torch.Tensor, draft_ids: tor
 
 def save_drafter(model: PreTrainedModel, draft_ids: torch.Tensor, tokenizer: PreTrainedTokenizerBase | None,
                  folder: Path, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write the drafter in `dtype` (bf16 halves the folder; the engine casts to its run dtype)."""
+    """Write the drafter in `dtype` (bf16 halves the folder; the engine casts to its run dtype), the tokenizer
+    when given (its `tokenizer.json` as compact JSON), and `draft_vocab.json` when the head scores fewer than
+    all of the drafter's tokens."""
     folder.mkdir(parents=True, exist_ok=True)
     copy.deepcopy(model).to(dtype).save_pretrained(folder)  # the caller's model keeps its precision
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
-    (folder / "draft_vocab.json").write_text(json.dumps({"token_ids": draft_ids.tolist()}))
+        if hasattr(tokenizer, "backend_tokenizer"):  # a fast tokenizer: one line of JSON, not indented
+            tokenizer.backend_tokenizer.save(str(folder / "tokenizer.json"), pretty=False)
+    if len(draft_ids) < model.config.vocab_size:
+        (folder / "draft_vocab.json").write_text(json.dumps({"token_ids": draft_ids.tolist()}))
     return folder
 
 
@@ -96,6 +101,7 @@ def decode_step(model: PreTrainedModel, folder: Path | None, context: list[int])
 
 class PlugIn(Recipe):
     eval_batch = 16
+    pad_id = 2  # right padding of held-out answers (the target's end of text); it never reaches earlier positions
     acceptance_headers = ("held-out acceptance", "per domain")
 
     def __init__(self, kind: str, target_embedding: torch.Tensor | None = None) -> None:
@@ -136,8 +142,8 @@ class PlugIn(Recipe):
     def greedy(self, model: PreTrainedModel, batch: list[Answer],
                draft_ids: torch.Tensor) -> Iterator[tuple[str, Answer, torch.Tensor]]:
         """Per domain and over `all`."""
-        ids = torch.full((len(batch), max(len(a.tokens) for a in batch)), 2, dtype=torch.long)  # [B, W]
-        for row, answer in enumerate(batch):  # right padding never reaches earlier positions
+        ids = torch.full((len(batch), max(len(a.tokens) for a in batch)), self.pad_id, dtype=torch.long)  # [B, W]
+        for row, answer in enumerate(batch):
             ids[row, :len(answer.tokens)] = answer.tokens
         guess = draft_ids[draft_logits(model, ids, draft_ids).argmax(-1)]  # [B, W]
         for row, answer in enumerate(batch):
@@ -151,9 +157,14 @@ class PlugIn(Recipe):
 
     def engine_drafter(self, model: PreTrainedModel, draft_ids: torch.Tensor, run: Path,
                        target: LoadedModel) -> LoadedModel:
-        """The model in memory in float32, beside its HF folder `run/hf` (which carries the target's tokenizer)."""
-        folder = self.save(model, draft_ids, run / "hf", target.tokenizer)
-        return LoadedModel(run.name, model.float().eval(), target.tokenizer, str(folder))  # reads draft_vocab.json
+        """The model in memory in float32, beside its HF folder `run/hf` (which carries the drafter's tokenizer)."""
+        tokenizer = self.drafter_tokenizer(target)
+        folder = self.save(model, draft_ids, run / "hf", tokenizer)
+        return LoadedModel(run.name, model.float().eval(), tokenizer, str(folder))  # reads draft_vocab.json
+
+    def drafter_tokenizer(self, target: LoadedModel) -> PreTrainedTokenizerBase:
+        """The tokenizer the drafter reads: the target's."""
+        return target.tokenizer
 
     def decode_step(self, model: PreTrainedModel, folder: Path, target: LoadedModel,
                     context: list[int]) -> Callable[[], object]:

@@ -101,12 +101,17 @@ def choose_draft_vocab(shards: list[Shard], size: int, vocab_size: int, specials
 
     Ids never seen ranked first fill the remaining slots in id order (BPE ids come roughly in frequency order).
     """
+    return most_frequent([shard["topk_ids"][shard["label"], 0] for shard in shards], size, vocab_size, specials)
+
+
+def most_frequent(samples: list[torch.Tensor], size: int, vocab_size: int, specials: int) -> torch.Tensor:
+    """The first `specials` ids and the most frequent ids in `samples`, `size` in all, in id order (all ids when
+    `size` is 0 or not smaller than `vocab_size`); ties and ids never seen go to the lower id."""
     if size <= 0 or size >= vocab_size:
         return torch.arange(vocab_size)
     counts = -torch.arange(vocab_size) / vocab_size  # the tie-break: lower id first
-    for shard in shards:
-        top1 = shard["topk_ids"][shard["label"], 0].long()
-        counts += torch.bincount(top1, minlength=vocab_size).float()
+    for ids in samples:
+        counts += torch.bincount(ids.long(), minlength=vocab_size).float()
     counts[:specials] = float("inf")
     return counts.topk(size).indices.sort().values
 

@@ -22,7 +22,7 @@ from specdec.distill.corpus import read_documents, read_prompts
 
 def special_tokens(target: PreTrainedTokenizerBase) -> list[str]:
     """The target's special and added tokens, in its id order."""
-    added = {token: index for token, index in target.get_added_vocab().items()}
+    added = dict(target.get_added_vocab())
     for token in target.all_special_tokens:
         added.setdefault(token, target.convert_tokens_to_ids(token))
     return [token for token, _ in sorted(added.items(), key=lambda item: item[1])]
