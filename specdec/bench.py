@@ -238,14 +238,15 @@ def _aggregate(runs: list[Run], ar_runs: list[Run] | None, greedy: bool, engine:
 
 def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_tokens: int, temperature: float = 0.0,
               repeats: int = 1, seed: int = 0, lookup_tokens: int = 10, bandit_scope: str = "session",
-              arms: str | None = None, reward: str = "throughput", lambda_ucb: float | None = None, log=print) -> dict:
+              arms: str | None = None, reward: str = "throughput", lambda_ucb: float | None = None,
+              min_branch_q: float | None = None, log=print) -> dict:
     """Run every method on every prompt, interleaved prompt by prompt, after a warm-up.
 
     `bandit_scope` "session" keeps one bandit per `*-ucb` method across all prompts, as the app keeps one per
     browser session; "prompt" starts a fresh bandit on every prompt.
 
     `arms`, `reward` and `lambda_ucb` configure the `*-ucb` methods (a method's `@reward` suffix overrides
-    `reward`); None keeps the engine's defaults.
+    `reward`), `min_branch_q` every drafting method's trimming; None keeps the engine's defaults.
     """
     if bandit_scope not in BANDIT_SCOPES:
         raise ValueError(f"bandit_scope must be one of {', '.join(BANDIT_SCOPES)}, not {bandit_scope!r}")
@@ -255,13 +256,14 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
     greedy = temperature == 0.0
     bandits: dict[str, UCBBandit] = {}
     others: dict[str, Models] = {}  # a float32 target for `ar-float32`
-    exploration = {"lambda_ucb": lambda_ucb} if lambda_ucb is not None else {}
+    settings = {key: value for key, value in (("lambda_ucb", lambda_ucb), ("min_branch_q", min_branch_q))
+                if value is not None}
 
     def once(name: str, spec: MethodSpec, prompt: str, n_new: int, run_seed: int) -> Run:
         config = GenerationConfig(method=spec.base if spec.base in METHODS else "ar", tree=spec.tree,
                                   temperature=temperature, max_new_tokens=n_new, seed=run_seed, arms=arms,
                                   reward=spec.reward or reward, lookup_branch=spec.lookup_branch,
-                                  **exploration).validate()
+                                  **settings).validate()
         if spec.base in HF_METHODS:
             return run_hf(models, prompt, spec.base, config, lookup_tokens)
         if spec.base == FLOAT32_AR:
@@ -316,6 +318,7 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
         "temperature": temperature, "repeats": repeats, "prompts": len(prompts), "lookup_tokens": lookup_tokens,
         "bandit_scope": bandit_scope, "arms": arms or DEFAULT_ARMS, "reward": reward,
         "lambda_ucb": lambda_ucb if lambda_ucb is not None else GenerationConfig.lambda_ucb,
+        "min_branch_q": min_branch_q if min_branch_q is not None else GenerationConfig.min_branch_q,
         "torch_threads": torch.get_num_threads()}, "methods": results}
 
 

@@ -13,8 +13,13 @@ from specdec.models import DEFAULT_TARGET, ModelLoadError, Models
 from specdec.registry import KINDS, MODEL_KINDS
 from specdec.records import RoundRecord, Summary
 
+DEFAULT_BENCH_METHODS = "ar,mamba-ucb,mamba-chain,mamba-tree,tf-tree,lookup-chain,hf-ar,hf-assisted,hf-lookup"
+
 DTYPE_HELP = ("target dtype: auto (bfloat16 on CUDA, and on a CPU with native bf16 whose bf16 matmuls are "
               "row-invariant and can be packed, where it is exact; else float32), float32, bfloat16 or float16")
+MIN_BRANCH_Q_HELP = (f"draft a node's children only while the drafter's probability of its branch is at least this "
+                     f"(greedy also drops a child below it); 0 keeps whole shapes (default "
+                     f"{GenerationConfig.min_branch_q})")
 NO_GRAPHS_HELP = "on CUDA, step the Mamba drafter eagerly instead of replaying CUDA graphs (SPECDEC_CUDA_GRAPHS=0)"
 DRAFTER_DTYPE_HELP = ("drafter dtype: auto (float32 on a CPU, else the target's), float32, "
                       "bfloat16 or float16")
@@ -39,6 +44,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--lookup-branch", type=int, default=GenerationConfig.lookup_branch,
                    help="mamba-*/tf-*: also verify up to N tokens copied from the context (prompt lookup), "
                         "grafted onto each tree; 0 = off")
+    g.add_argument("--min-branch-q", type=float, default=GenerationConfig.min_branch_q, help=MIN_BRANCH_Q_HELP)
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     g.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     g.add_argument("--drafter-dtype", default="auto", help=DRAFTER_DTYPE_HELP)
@@ -55,7 +61,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     config = GenerationConfig(method=args.method, tree=args.tree, arms=args.arms, temperature=args.temperature,
                               top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed,
                               lambda_ucb=args.lambda_ucb, lambda_gamma=args.lambda_gamma, reward=args.reward,
-                              lookup_branch=args.lookup_branch)
+                              lookup_branch=args.lookup_branch, min_branch_q=args.min_branch_q)
     config.validate()  # fail on bad settings before any model loads
     drafters = {config.spec.drafter: args.drafter} if args.drafter and config.spec.has_model else {}
     models = Models(args.target, drafters, device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
@@ -84,10 +90,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("bench", help="compare methods on a prompt set; prints a markdown table")
     b.add_argument("--prompts", nargs="*", default=None, help="JSONL files (default: assets/prompts/*.jsonl)")
-    b.add_argument("--methods",
-                   default="ar,mamba-ucb,mamba-chain,mamba-tree,tf-tree,lookup-chain,hf-ar,hf-assisted,hf-lookup",
+    b.add_argument("--methods", default=None,
                    help="comma-separated; a fixed shape as name:tree, e.g. mamba-tree:3;2;1 (';' inside the tree); "
-                        "a bandit's reward as name@reward, e.g. mamba-ucb@throughput")
+                        "a bandit's reward as name@reward, e.g. mamba-ucb@throughput (default: "
+                        f"{DEFAULT_BENCH_METHODS}, unless only --cost-curve or --context-lengths is asked for)")
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--temperature", type=float, default=0.0)
     b.add_argument("--repeats", type=int, default=1)
@@ -100,6 +106,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--arms", default=None, help=f"bandit arms for *-ucb (default '{DEFAULT_ARMS}')")
     b.add_argument("--reward", default="throughput", choices=REWARDS, help="bandit reward for *-ucb")
     b.add_argument("--lambda-ucb", type=float, default=None, help="bandit exploration weight for *-ucb")
+    b.add_argument("--min-branch-q", type=float, default=None, help=MIN_BRANCH_Q_HELP)
     b.add_argument("--context-lengths", default=None, help="e.g. 256,1024,4096: drafter latency/memory study")
     b.add_argument("--cost-curve", default=None,
                    help="e.g. 400,2000: what verifying 1-16 tokens costs, in target steps, after that many tokens")
@@ -141,6 +148,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                        log=log)
         result["verification_cost"] = cost
         print(bench.cost_table(cost) + "\n")
+    if args.methods is None and not (args.cost_curve or args.context_lengths):
+        args.methods = DEFAULT_BENCH_METHODS
     if args.methods:
         methods = _split_methods(args.methods)
         if args.max_new_tokens < 1:
@@ -152,7 +161,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             prompts = bench.load_prompts(args.prompts, args.limit)
         result.update(bench.benchmark(models, prompts, methods, args.max_new_tokens, args.temperature, args.repeats,
                                       args.seed, args.lookup_tokens, args.bandit_scope, args.arms, args.reward,
-                                      args.lambda_ucb, log=log))
+                                      args.lambda_ucb, args.min_branch_q, log=log))
         print(bench.markdown_table(result))
         if args.long:
             print("\n" + bench.breakdown_table(result))

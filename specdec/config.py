@@ -47,6 +47,10 @@ def build_methods() -> dict[str, Method]:
 
 METHODS: dict[str, Method] = build_methods()
 
+# A drafted node's children are drafted only while the drafter's probability of its branch (q along it) is at
+# least this (greedy decoding also drops a child below it): the drafter's q predicts acceptance closely
+# (docs/method.md, "Trim the tree by confidence"), so nodes below it cost a verification row they rarely repay.
+MIN_BRANCH_Q = 0.05
 LOOKUP_BRANCH = 6  # tokens of a prompt-lookup branch, when one is asked for without a length
 REWARDS = ("throughput", "paper")
 BANDIT_SCOPES = ("session", "prompt")  # one bandit for a whole session (or benchmark run), or one per prompt
@@ -65,6 +69,7 @@ class GenerationConfig:
     lambda_gamma: float = 0.1  # λ_γ, depth penalty of the paper's reward
     reward: str = "throughput"  # "throughput" (the round's measured cost counts) or "paper"
     lookup_branch: int = 0  # mamba-*/tf-*: graft up to this many tokens copied from the context onto each tree
+    min_branch_q: float = MIN_BRANCH_Q  # trim each tree by the drafter's confidence (`Sampler`); 0: whole shapes
 
     @property
     def spec(self) -> Method:
@@ -87,6 +92,8 @@ class GenerationConfig:
             raise ValueError("lambda_ucb and lambda_gamma must be >= 0")
         if not isinstance(self.lookup_branch, int) or not 0 <= self.lookup_branch <= MAX_DEPTH:
             raise ValueError(f"lookup_branch must be an integer from 0 to {MAX_DEPTH}, got {self.lookup_branch}")
+        if not 0.0 <= self.min_branch_q < 1.0:
+            raise ValueError(f"min_branch_q must be in [0, 1), got {self.min_branch_q}")
         if self.reward not in REWARDS:
             raise ValueError(f"reward must be one of {', '.join(REWARDS)}, got {self.reward!r}")
         arms = self.shapes()

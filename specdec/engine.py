@@ -145,7 +145,7 @@ def _setup(models: Models, prompt: str, config: GenerationConfig, chat: bool,
     eos = target.model.generation_config.eos_token_id
     generator = torch.Generator(device=target.device).manual_seed(config.seed)
     return _Generation(config, target, prompt_ids, shapes, drafter, label, make_verifier(target.model), bandit,
-                       Sampler(config.temperature, config.top_p, generator), Detokenizer(target.tokenizer),
+                       Sampler(config.temperature, config.top_p, generator, config.min_branch_q), Detokenizer(target.tokenizer),
                        set(eos if isinstance(eos, list) else [eos] if eos is not None else []))
 
 

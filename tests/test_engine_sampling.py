@@ -9,8 +9,10 @@ import torch
 
 from specdec import sampling
 from specdec.config import GenerationConfig
+from specdec.drafters.base import TreeBuilder
 from specdec.engine import generate
 from specdec.models import LoadedModel, Models
+from specdec.tree import TreeShape
 from tests.test_engine import PROMPT, _chi_square
 
 N_NEW, RUNS = 2, 400  # 36 cells over V = 6 (sparse ones pooled); the bug controls reject at p < 1e-20 with 250
@@ -39,18 +41,19 @@ def reference(models: Models, temperature: float, top_p: float = 1.0) -> dict[tu
     return dict(zip(seqs, torch.stack(steps).prod(0).tolist()))
 
 
-def sample_engine(models: Models, **settings) -> tuple[dict[tuple, int], int, int]:
-    """Counts of the emitted continuations over RUNS seeds, how many drafted (or copied) tokens were accepted, and
-    how many of those were copied by a lookup branch."""
+def sample_engine(models: Models, **settings) -> tuple[dict[tuple, int], int, int, int]:
+    """Counts of the emitted continuations over RUNS seeds, how many drafted (or copied) tokens were accepted, how
+    many of those were copied by a lookup branch, and how many rounds drafted a tree smaller than their shape."""
     counts: dict[tuple, int] = {}
-    accepted = copied = 0
+    accepted = copied = trimmed = 0
     for seed in range(RUNS):
         *rounds, summary = generate(models, PROMPT, GenerationConfig(max_new_tokens=N_NEW, seed=seed, **settings),
                                     chat=False)
         counts[tuple(summary.token_ids)] = counts.get(tuple(summary.token_ids), 0) + 1
         accepted += sum(r.accepted_len for r in rounds)
         copied += sum(n.copied and n.status == "accepted" for r in rounds for n in r.nodes)
-    return counts, accepted, copied
+        trimmed += sum(len(r.nodes) < 1 + TreeShape(tuple(r.shape)).num_drafted for r in rounds)
+    return counts, accepted, copied, trimmed
 
 
 CASES = [  # (method, tree, temperature, top_p, lookup branch)
@@ -68,8 +71,8 @@ CASES = [  # (method, tree, temperature, top_p, lookup branch)
 @pytest.mark.parametrize("method, tree, temperature, top_p, lookup", CASES)
 def test_sampling_is_exact(tiny_models, method, tree, temperature, top_p, lookup):
     dist = reference(tiny_models, temperature, top_p)
-    counts, accepted, copied = sample_engine(tiny_models, method=method, tree=tree, temperature=temperature,
-                                             top_p=top_p, lookup_branch=lookup)
+    counts, accepted, copied, _ = sample_engine(tiny_models, method=method, tree=tree, temperature=temperature,
+                                                top_p=top_p, lookup_branch=lookup)
     assert accepted > RUNS * 0.1  # drafted (or copied) tokens took part, not only the target's corrections
     assert not lookup or copied > RUNS * 0.05  # the grafted branch's copies were accepted too
     assert all(dist[seq] > 0 for seq in counts)  # nothing outside the nucleus was ever emitted
@@ -78,7 +81,7 @@ def test_sampling_is_exact(tiny_models, method, tree, temperature, top_p, lookup
 
 def test_a_bf16_drafter_samples_the_target_distribution(bf16_drafters):
     """The tiny drafters in bfloat16 beside a float32 target (`--drafter-dtype bfloat16`)."""
-    counts, accepted, _ = sample_engine(bf16_drafters, method="mamba-tree", tree="3,2", temperature=1.0)
+    counts, accepted, _, _ = sample_engine(bf16_drafters, method="mamba-tree", tree="3,2", temperature=1.0)
     assert accepted > RUNS * 0.1
     assert _chi_square(counts, reference(bf16_drafters, 1.0), RUNS) > 1e-3
 
@@ -130,6 +133,33 @@ def test_the_check_rejects_a_plausible_bug(tiny_models, monkeypatch, name, bug, 
     """Negative controls: the engine with one line of its acceptance wrong fails the same chi-square check."""
     assert callable(getattr(sampling, name))  # the function the bug replaces is still there
     monkeypatch.setattr(sampling, name, bug)
-    counts, accepted, _ = sample_engine(tiny_models, method=method, tree=tree, temperature=1.0)
+    counts, accepted, _, _ = sample_engine(tiny_models, method=method, tree=tree, temperature=1.0)
     assert accepted > RUNS * 0.2
+    assert _chi_square(counts, reference(tiny_models, 1.0), RUNS) < 1e-6
+
+
+TRIM = 0.3  # on the tiny models' six tokens this leaves some draws unexpanded and expands others
+
+
+@pytest.mark.parametrize("method, tree", [("mamba-tree", "3,2"), ("tf-tree", "2,2,1")])
+def test_a_tree_trimmed_by_confidence_samples_the_target_distribution(tiny_models, method, tree):
+    """`min_branch_q` under sampling: only draws whose branch is likely enough get children; every draw stays."""
+    counts, accepted, _, trimmed = sample_engine(tiny_models, method=method, tree=tree, temperature=1.0,
+                                                 min_branch_q=TRIM)
+    assert accepted > RUNS * 0.1 and trimmed > RUNS * 0.2  # trees were trimmed, and drafts were still accepted
+    assert _chi_square(counts, reference(tiny_models, 1.0), RUNS) > 1e-3
+
+
+def test_the_check_rejects_dropping_unlikely_draws_under_sampling(tiny_models, monkeypatch):
+    """Negative control: dropping a sampled child for its own low q (what greedy decoding may do) is inexact."""
+    plain_init = TreeBuilder.__init__
+
+    def dropping_init(self, root, sampler):
+        plain_init(self, root, sampler)
+        self.drop_weak = True  # bug: the greedy rule applied to sampled children
+
+    monkeypatch.setattr(TreeBuilder, "__init__", dropping_init)
+    counts, accepted, _, trimmed = sample_engine(tiny_models, method="mamba-tree", tree="3,2", temperature=1.0,
+                                                 min_branch_q=TRIM)
+    assert accepted > RUNS * 0.1 and trimmed > RUNS * 0.2
     assert _chi_square(counts, reference(tiny_models, 1.0), RUNS) < 1e-6

@@ -115,6 +115,38 @@ def test_commit_continues_from_the_deepest_stepped_node(path):
     torch.testing.assert_close(drafter.root_logits, _scratch_logits(model, seq), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("greedy", [True, False])
+def test_a_trimmed_tree_keeps_likely_branches_and_their_states(greedy):
+    """`min_branch_q`: only nodes whose branch probability reaches it get children (greedy: only such nodes are
+    kept at all); every node with children has the state of its own branch, and a commit continues from it."""
+    model = tiny_mamba(V, seed=4)
+    context, shape, trim = [2, 7, 1, 1, 4], TreeShape((3, 2, 2)), 0.1
+    sampler = Sampler(0.0 if greedy else 1.0, 1.0, torch.Generator().manual_seed(1), min_branch_q=trim)
+    drafter = MambaDrafter(model, V)
+    drafter.start(context, shape.num_drafted)
+    tree = drafter.draft(shape, sampler)
+    branch_q = [1.0]
+    for node in range(1, len(tree.tokens)):
+        branch_q.append(branch_q[tree.parents[node]] * tree.q_tok[node])
+    parents = set(tree.parents[1:])
+    assert 1 < len(tree.tokens) < 1 + shape.num_drafted  # trimmed, not emptied
+    assert all(branch_q[node] >= trim for node in parents)  # children only under likely branches
+    if greedy:
+        assert all(q >= trim for q in branch_q)
+    else:
+        assert any(q < trim for q in branch_q)  # an unlikely draw stays, as a leaf
+    for node in parents - {0}:
+        seq = context + [tree.tokens[i] for i in _branch(tree.parents, node)[1:]]
+        nxt = drafter.step(torch.tensor([0]), drafter.buffers.select(torch.tensor([node])))[0]
+        torch.testing.assert_close(nxt, _scratch_logits(model, seq + [0]), atol=1e-4, rtol=1e-4)
+    leaf = next(node for node in range(1, len(tree.tokens)) if node not in parents)  # an accepted leaf
+    path = _branch(tree.parents, leaf)
+    drafter.commit(path, next_token=11)
+    drafter.catch_up()
+    seq = context + [tree.tokens[node] for node in path[1:]] + [11]
+    torch.testing.assert_close(drafter.root_logits, _scratch_logits(model, seq), atol=1e-4, rtol=1e-4)
+
+
 def test_rounds_that_draft_nothing_leave_the_tokens_for_one_sequence_pass():
     """A root-only round feeds the drafter nothing: the accepted tokens wait, and the next round that drafts feeds
     them in one pass from the kept state, its q then that of the whole context from scratch; the sequence pass

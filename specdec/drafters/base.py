@@ -40,11 +40,19 @@ class DraftTree:
 
 @dataclass
 class Sampler:
-    """How drafted children are chosen: greedy takes the top-N distinct tokens, sampling draws N i.i.d."""
+    """How drafted children are chosen: greedy takes the top-N distinct tokens, sampling draws N i.i.d.
+
+    `min_branch_q` trims the tree by the drafter's confidence: a node's children are drafted only while its
+    branch probability (the product of q along its branch, 1 at the root) is at least this, and under greedy
+    decoding a child below it is dropped too (any tree is exact under greedy decoding; under sampling a draw may
+    not be dropped for its own value, since that would change what the verified children are distributed as).
+    0 keeps every node of the shape.
+    """
 
     temperature: float
     top_p: float
     generator: torch.Generator | None
+    min_branch_q: float = 0.0
 
     @property
     def greedy(self) -> bool:
@@ -59,12 +67,15 @@ class Sampler:
 
 
 class TreeBuilder:
-    """Accumulates nodes level by level while a drafter expands a tree."""
+    """Accumulates nodes level by level while a drafter expands a tree, trimmed as `Sampler.min_branch_q` says."""
 
-    def __init__(self, root: int, keep_q: bool) -> None:
+    def __init__(self, root: int, sampler: Sampler) -> None:
         self.tokens, self.parents, self.q_tok = [root], [-1], [1.0]
+        self.branch_q = [1.0]  # [n] the product of q along each node's branch
         self.q_rows: dict[int, torch.Tensor] = {}
-        self.keep_q = keep_q
+        self.keep_q = not sampler.greedy
+        self.drop_weak = sampler.greedy  # greedy: a child below the threshold is not added
+        self.min_branch_q = sampler.min_branch_q
 
     def add_level(self, frontier: list[int], kids: torch.Tensor, q: torch.Tensor) -> list[int]:
         """frontier: m parent nodes; kids: [m, width] tokens; q: [m, V]. Returns the new node indices."""
@@ -74,11 +85,19 @@ class TreeBuilder:
             if self.keep_q:
                 self.q_rows[parent] = q[row]
             for token, q_value in zip(kids[row].tolist(), q_kid[row].tolist()):
+                branch_q = self.branch_q[parent] * q_value
+                if self.drop_weak and branch_q < self.min_branch_q:
+                    continue
                 new_nodes.append(len(self.tokens))
                 self.tokens.append(token)
                 self.parents.append(parent)
                 self.q_tok.append(q_value)
+                self.branch_q.append(branch_q)
         return new_nodes
+
+    def expandable(self, nodes: list[int]) -> list[int]:
+        """The nodes whose children are worth drafting: their branch probability is at least the threshold."""
+        return [node for node in nodes if self.branch_q[node] >= self.min_branch_q]
 
     def build(self, shape: TreeShape, vocab_size: int) -> DraftTree:
         q = None

@@ -69,35 +69,35 @@ class MambaState:
 
 
 def draft_tree(root: int, root_logits: torch.Tensor, buffers: MambaState, shape: TreeShape, sampler: Sampler,
-               vocab_size: int, step_level: Callable) -> tuple[DraftTree, list[int], int]:
+               vocab_size: int, step_level: Callable) -> tuple[DraftTree, list[int], set[int]]:
     """Batch-cache tree drafting, shared by both Mamba drafters: per depth, copy each parent's state (row of
-    `buffers`) once per child and step the whole depth in one call; leaves are not stepped (a commit steps the one
-    it accepts). `step_level(kids [B], parent_rows [B], rows [B], state)` steps the copied rows in place and returns
-    the new nodes' logits [B, V]. -> (tree, its node tokens, the first node that was not stepped)."""
-    builder = TreeBuilder(root, keep_q=not sampler.greedy)
-    if not shape.depth:  # the root alone: its logits are not needed (and may not be computed yet)
-        return builder.build(shape, vocab_size), builder.tokens, 1
-    frontier, frontier_logits = [0], root_logits[None]  # [1, V]
-    first_leaf = 1  # nodes from here on were not stepped (none drafted yet)
+    `buffers`) once per child and step the children to be expanded in one call; leaves are not stepped (a commit
+    steps the one it accepts). `step_level(kids [B], parent_rows [B], rows [B], state)` steps the copied rows in
+    place and returns the new nodes' logits [B, V]. -> (tree, its node tokens, the nodes with a state row)."""
+    builder = TreeBuilder(root, sampler)
+    stepped = {0}  # the root's state is row 0
+    frontier, frontier_logits = [0], root_logits  # [1, V] (None for the root alone: not computed yet)
     for depth, width in enumerate(shape.widths):
-        kids, q = sampler.children(frontier_logits, width)  # [m, width], [m, V]
+        kids, q = sampler.children(frontier_logits.view(len(frontier), -1), width)  # [m, width], [m, V]
         new_nodes = builder.add_level(frontier, kids, q)
-        if depth == shape.depth - 1:
-            first_leaf = new_nodes[0]
+        frontier = builder.expandable(new_nodes) if depth < shape.depth - 1 else []
+        if not frontier:
             break
-        rows = torch.tensor(new_nodes, device=root_logits.device)
-        parent_rows = torch.tensor(frontier, device=root_logits.device).repeat_interleave(width)
+        device = root_logits.device
+        rows = torch.tensor(frontier, device=device)
+        parent_rows = torch.tensor([builder.parents[node] for node in frontier], device=device)
         state = buffers.select(parent_rows)  # copy each parent's state once per child
-        frontier_logits = step_level(kids.flatten(), parent_rows, rows, state)
+        frontier_logits = step_level(torch.tensor([builder.tokens[node] for node in frontier], device=device),
+                                     parent_rows, rows, state)
         buffers.write(rows, state)
-        frontier = new_nodes
-    return builder.build(shape, vocab_size), builder.tokens, first_leaf
+        stepped.update(frontier)
+    return builder.build(shape, vocab_size), builder.tokens, stepped
 
 
-def deepest_stepped(path: list[int], first_leaf: int, tokens: list[int]) -> tuple[int, list[int]]:
+def deepest_stepped(path: list[int], stepped: set[int], tokens: list[int]) -> tuple[int, list[int]]:
     """An accepted path -> (its deepest node with a stored state, the accepted tokens after it): an accepted leaf
     was never stepped, so its parent's state and the leaf's token."""
-    if path[-1] >= first_leaf:
+    if path[-1] not in stepped:
         return path[-2], [tokens[path[-1]]]
     return path[-1], []
 
@@ -205,7 +205,7 @@ class MambaDrafter(Drafter):
     def draft(self, shape: TreeShape, sampler: Sampler) -> DraftTree:
         if shape.depth:
             self.catch_up()
-        tree, self.tree_tokens, self.first_leaf = draft_tree(  # depth 0: the root alone, no logits needed
+        tree, self.tree_tokens, self.stepped = draft_tree(  # depth 0: the root alone, no logits needed
             self.root, self.root_logits, self.buffers, shape, sampler, self.vocab_size,
             lambda kids, parent_rows, rows, state: self.step(kids, state))
         return tree
@@ -226,7 +226,7 @@ class MambaDrafter(Drafter):
         if self.unfed:  # the round drafted nothing: row 0 is still the state before `unfed`
             self.unfed += [*unseen, next_token]
         else:
-            last, unfed = deepest_stepped(path, self.first_leaf, self.tree_tokens)
+            last, unfed = deepest_stepped(path, self.stepped, self.tree_tokens)
             if last:
                 self.buffers.write(torch.tensor([0], device=self.device),
                                    self.buffers.select(torch.tensor([last], device=self.device)))

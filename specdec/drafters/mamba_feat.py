@@ -217,7 +217,7 @@ class MambaFeatDrafter(Drafter):
             self.guesses[rows], logits = self.step(kids, self.guesses[parent_rows], state)
             return logits
 
-        tree, self.tokens, self.first_leaf = draft_tree(self.root, self.root_logits, self.buffers, shape, sampler,
+        tree, self.tokens, self.stepped = draft_tree(self.root, self.root_logits, self.buffers, shape, sampler,
                                                         self.vocab_size, step_level)
         return tree
 
@@ -227,7 +227,7 @@ class MambaFeatDrafter(Drafter):
         the unseen tokens, in order. Without them (a caller that has none) the drafted states are kept."""
         accepted = [self.tokens[node] for node in path[1:]] + list(unseen)
         if features is None:  # fall back to the drafted states, as the plug-in drafter does
-            last, unfed = deepest_stepped(path, self.first_leaf, self.tokens)
+            last, unfed = deepest_stepped(path, self.stepped, self.tokens)
             state = self.buffers.select(torch.tensor([last], device=self.device))
             previous = self.guesses[last]
             for token in [*unfed, *unseen]:

@@ -55,20 +55,20 @@ class TransformerDrafter(Drafter):
     def draft(self, shape: TreeShape, sampler: Sampler) -> DraftTree:
         logits = fit_vocab(self.lm.feed(self._inputs(self.pending))[-1:], self.vocab_size)  # [1, V] at the root
         root, self.pending = self.pending[-1], []
-        builder = TreeBuilder(root, keep_q=not sampler.greedy)
+        builder = TreeBuilder(root, sampler)
         self.region_index = {}  # tree node -> index in the drafter's speculative cache region
         frontier = [0]
         for depth, width in enumerate(shape.widths):
             kids, q = sampler.children(logits, width)  # [m, width], [m, V]
             new_nodes = builder.add_level(frontier, kids, q)
-            if depth == shape.depth - 1:
+            frontier = builder.expandable(new_nodes) if depth < shape.depth - 1 else []
+            if not frontier:
                 break  # leaves are not fed
-            parents = [self.region_index.get(builder.parents[node], -1) for node in new_nodes]
-            for node in new_nodes:
+            parents = [self.region_index.get(builder.parents[node], -1) for node in frontier]
+            for node in frontier:
                 self.region_index[node] = len(self.region_index)
-            logits = fit_vocab(self.lm.extend(self._inputs(kids.flatten().tolist()), parents),
-                               self.vocab_size)  # [m*width, V]
-            frontier = new_nodes
+            logits = fit_vocab(self.lm.extend(self._inputs([builder.tokens[node] for node in frontier]), parents),
+                               self.vocab_size)  # [len(frontier), V]
         self.tree_tokens = builder.tokens
         return builder.build(shape, self.vocab_size)
 
