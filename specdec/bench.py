@@ -68,13 +68,23 @@ class MethodSpec(NamedTuple):
     tree: str | None
     reward: str | None
     lookup_branch: int  # 0: none
+    min_branch_q: float | None = None  # None: the run's setting
 
 
 def parse_method(name: str) -> MethodSpec:
-    """`base[:tree][@reward][+lookup[N]]`, e.g. `mamba-tree:3,1,1`, `mamba-ucb@throughput`, `mamba-ucb+lookup`.
+    """`base[:tree][@reward][+lookup[N]][~Q]`, e.g. `mamba-tree:3,1,1`, `mamba-ucb@throughput`, `mamba-ucb+lookup`,
+    `mamba-ucb~0`.
 
-    `+lookup` grafts a prompt-lookup branch of N tokens (default LOOKUP_BRANCH) onto a neural drafter's trees.
+    `+lookup` grafts a prompt-lookup branch of N tokens (default LOOKUP_BRANCH) onto a neural drafter's trees;
+    `~Q` trims the method's trees at branch probability Q (`GenerationConfig.min_branch_q`; `~0`: whole shapes).
     """
+    name, _, trim = name.partition("~")
+    min_branch_q = None
+    if trim:
+        try:
+            min_branch_q = float(trim)
+        except ValueError:
+            raise ValueError(f"'~{trim}' in {name!r}: give the branch probability to trim at, e.g. ~0.05") from None
     name, _, lookup = name.partition("+")
     name, _, reward = name.partition("@")
     base, _, tree = name.partition(":")
@@ -82,6 +92,8 @@ def parse_method(name: str) -> MethodSpec:
         raise ValueError(f"unknown method {base!r}; choose from {', '.join([*METHODS, *HF_METHODS, FLOAT32_AR])}")
     if reward and (reward not in REWARDS or not base.endswith("-ucb")):
         raise ValueError(f"'@{reward}' in {name!r}: a bandit method takes @{' or @'.join(REWARDS)}")
+    if trim and (base not in METHODS or not METHODS[base].has_model):
+        raise ValueError(f"'~{trim}' in {base!r}: only a mamba-* or tf-* method drafts a tree to trim")
     length = 0
     if lookup:
         digits = lookup.removeprefix("lookup")
@@ -89,7 +101,7 @@ def parse_method(name: str) -> MethodSpec:
                 base not in METHODS or not METHODS[base].has_model:
             raise ValueError(f"'+{lookup}' in {base!r}: a mamba-* or tf-* method takes +lookup or +lookupN")
         length = int(digits) if digits else LOOKUP_BRANCH
-    return MethodSpec(base, tree or None, reward or None, length)
+    return MethodSpec(base, tree or None, reward or None, length, min_branch_q)
 
 
 class PeakRSS:
@@ -260,10 +272,11 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
                 if value is not None}
 
     def once(name: str, spec: MethodSpec, prompt: str, n_new: int, run_seed: int) -> Run:
+        own = {"min_branch_q": spec.min_branch_q} if spec.min_branch_q is not None else {}
         config = GenerationConfig(method=spec.base if spec.base in METHODS else "ar", tree=spec.tree,
                                   temperature=temperature, max_new_tokens=n_new, seed=run_seed, arms=arms,
                                   reward=spec.reward or reward, lookup_branch=spec.lookup_branch,
-                                  **settings).validate()
+                                  **{**settings, **own}).validate()
         if spec.base in HF_METHODS:
             return run_hf(models, prompt, spec.base, config, lookup_tokens)
         if spec.base == FLOAT32_AR:
@@ -293,7 +306,7 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
     results = {name: {**_aggregate(runs[name], runs["ar"] if spec.base != FLOAT32_AR else None, greedy,
                                    spec.base not in HF_METHODS),
                       "reward": (spec.reward or reward) if spec.base.endswith("-ucb") else None,
-                      "lookup_branch": spec.lookup_branch}
+                      "lookup_branch": spec.lookup_branch, "min_branch_q": _trim(spec, min_branch_q)}
                for name, spec in zip(methods, parsed)}
     kinds = list(dict.fromkeys(item.get("kind", "") for item in prompts))
     for name, spec in zip(methods, parsed):  # the same figures for each kind of prompt (each context length)
@@ -320,6 +333,16 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
         "lambda_ucb": lambda_ucb if lambda_ucb is not None else GenerationConfig.lambda_ucb,
         "min_branch_q": min_branch_q if min_branch_q is not None else GenerationConfig.min_branch_q,
         "torch_threads": torch.get_num_threads()}, "methods": results}
+
+
+def _trim(spec: MethodSpec, run_setting: float | None) -> float | None:
+    """The branch probability a method's trees were trimmed at (None for a method that drafts no tree)."""
+    if spec.base not in METHODS or not METHODS[spec.base].has_model:
+        return None
+    for value in (spec.min_branch_q, run_setting):
+        if value is not None:
+            return value
+    return GenerationConfig.min_branch_q
 
 
 def _relative(res: dict, ar: dict) -> None:

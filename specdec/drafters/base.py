@@ -61,8 +61,8 @@ class Sampler:
     def children(self, logits: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """logits: [m, V] at m nodes -> (children tokens [m, width], q [m, V])."""
         q = logits_to_probs(logits, self.temperature, self.top_p)  # [m, V]
-        if self.greedy:
-            return logits.topk(width, dim=-1).indices, q  # [m, width]
+        if self.greedy:  # a chain's one child by `max`, much cheaper than `topk` over a large vocabulary
+            return logits.max(-1, keepdim=True).indices if width == 1 else logits.topk(width, dim=-1).indices, q
         return sample(q, width, self.generator), q  # [m, width]
 
 
