@@ -24,14 +24,31 @@ def _n(value: float | int, digits: int = 1) -> str:
     return f"<b>{value:.{digits}f}</b>" if isinstance(value, float) else f"<b>{value}</b>"
 
 
+def _shape_nodes(shape: list[int]) -> int:
+    """How many nodes a whole tree of this shape holds below the root."""
+    total, level = 0, 1
+    for width in shape:
+        level *= width
+        total += level
+    return total
+
+
 def draft_step(r: RoundRecord) -> str:
     drafted = len(r.nodes) - 1
     if drafted == 0:
+        if r.shape:
+            return (f"In this round nothing was drafted: the shape {html.escape(r.shape_name)} was chosen, but the "
+                    "drafter found none of its guesses likely enough to be worth checking, so the target wrote one "
+                    "token on its own.")
         return "In this round nothing was drafted: the method let the target write one token on its own."
     copied = sum(n.copied for n in r.nodes)
     where = "one chain" if all(w == 1 for w in r.shape) else f"a tree of shape {html.escape(r.shape_name)}"
     text = (f"The small drafter guessed {_n(drafted - copied)} tokens as {where} "
             f"(at each depth, that many alternatives per node), in {_n(r.draft_ms)} ms.")
+    left_out = _shape_nodes(r.shape) - (drafted - copied)
+    if left_out > 0:
+        text += (f" It left out {_n(left_out)} more the shape allows: branches it found too unlikely to be worth a "
+                 "place in the target's pass.")
     if r.mapping_ms is not None:
         text += (f" Its tokenizer is not the target's: its guesses were turned into text and re-encoded in the "
                  f"target's tokens ({_n(r.mapping_ms)} ms of the round, with the catch-up after it).")

@@ -78,6 +78,20 @@ def test_explainer_fills_in_the_rounds_own_numbers():
     assert "12 tokens in 1 target pass, 12.00 tokens per pass" in text
 
 
+def test_explainer_says_what_the_drafter_left_out():
+    """A trimmed tree: fewer nodes than its shape holds, or none at all although a shape was chosen."""
+    rec = tree_with_correction()
+    rec.shape, rec.shape_name = [2, 2], "(2,2)"  # 6 nodes allowed, 4 drafted
+    text = re.sub(r"<[^>]+>", "", explainer_html(rec, [rec]))
+    assert "guessed 4 tokens as a tree of shape (2,2)" in text and "It left out 2 more the shape allows" in text
+    whole = re.sub(r"<[^>]+>", "", explainer_html(tree_with_correction(), [tree_with_correction()]))
+    assert "left out" not in whole
+    alone = chain_with_bonus()
+    alone.nodes, alone.emitted, alone.accepted_len = alone.nodes[:1], alone.emitted[-1:], 0
+    text = re.sub(r"<[^>]+>", "", explainer_html(alone, [alone]))
+    assert "the shape (1,1,1) was chosen, but the drafter found none of its guesses likely enough" in text
+
+
 def test_explainer_without_a_bandit_or_a_run():
     text = re.sub(r"<[^>]+>", "", explainer_html(chain_with_bonus(), [chain_with_bonus()]))
     assert "a bonus token" in text and "fixed shape" in text
