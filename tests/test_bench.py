@@ -176,3 +176,14 @@ def test_trim_suffix_per_method(tiny_models, prompts, monkeypatch):
     assert [rows[m]["min_branch_q"] for m in methods] == [None, 0.0, 0.3, 0.1]
     assert result["config"]["min_branch_q"] == 0.1
     assert all(rows[m]["identical_to_ar"] for m in methods)
+
+
+def test_verification_cost_is_averaged_over_consecutive_positions(tiny_models, monkeypatch):
+    """Each repeat starts one position later: the passes cover `repeats` consecutive positions from the length."""
+    starts, verify = [], bench._verify_block
+    monkeypatch.setattr(bench, "_verify_block", lambda lm, tokens: starts.append(lm.length) or verify(lm, tokens))
+    cost = bench.verification_cost(tiny_models, [40], [1, 3], repeats=4, log=lambda _: None)
+    row = cost["rows"][0]
+    assert starts == [39, 39] + [39, 39, 40, 40, 41, 41, 42, 42]  # the warm-up, then one position a repeat
+    assert set(row["ms"]) == set(row["at_length"]) == {1, 3} and row["steps"][1] == 1.0
+    assert "mean over 4 consecutive positions" in bench.cost_table(cost)
