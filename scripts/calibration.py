@@ -10,6 +10,7 @@ This is the measurement behind the trimming rule (`GenerationConfig.min_branch_q
 from __future__ import annotations
 
 import argparse
+from itertools import pairwise
 
 from specdec.bench import load_prompts
 from specdec.config import GenerationConfig
@@ -32,7 +33,7 @@ def reached_nodes(record: RoundRecord) -> list[tuple[float, float, bool]]:
 
 def table(rows: list[tuple[float, float, bool]], column: int, title: str) -> str:
     lines = [f"| {title} | nodes | accepted |", "|---|---|---|"]
-    for low, high in zip(EDGES, EDGES[1:]):
+    for low, high in pairwise(EDGES):
         inside = [row for row in rows if low <= row[column] < high or (high == 1.0 and row[column] == 1.0)]
         if inside:
             share = sum(row[2] for row in inside) / len(inside)

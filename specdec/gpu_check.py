@@ -206,8 +206,9 @@ def run_generation(models, method: str, max_new_tokens: int, prompt: str) -> tup
     from specdec.config import GenerationConfig
     from specdec.engine import generate
 
-    events = list(generate(models, prompt, GenerationConfig(method=method, max_new_tokens=max_new_tokens),
-                           chat=False))
+    # whole shapes: the check's drafters are random, and trimming by their confidence would leave nothing drafted
+    config = GenerationConfig(method=method, max_new_tokens=max_new_tokens, min_branch_q=0.0)
+    events = list(generate(models, prompt, config, chat=False))
     return events[:-1], events[-1]
 
 
