@@ -1,5 +1,6 @@
-"""Time one decode step of the verifier (`TreeLM.feed`, the split layout) against transformers' own step (a
-`DynamicCache`) on the same model at a given context, interleaved, and print the medians.
+"""Time one decode step of the verifier (`TreeLM.feed`, the split layout), of the same verifier in the block layout
+(one masked attention call a layer, not row-invariant) and of transformers' own step (a `DynamicCache`) on the same
+model at a given context, interleaved, and print the medians.
 
     .venv/bin/python scripts/decode_step.py [--dtype auto] [--context 400] [--steps 60]
 """
@@ -25,8 +26,9 @@ def main() -> None:
     args = parser.parse_args()
     model = Models(dtype=args.dtype).target.model
     prompt = torch.randint(100, 40000, (args.context,), generator=torch.Generator().manual_seed(0)).tolist()
-    verifier = TreeLM(model)
+    verifier, block = TreeLM(model), TreeLM(model, row_invariant=False)
     verifier.prefill(prompt)
+    block.prefill(prompt)
     cache = DynamicCache(config=model.config)
     with torch.inference_mode():
         model(input_ids=torch.tensor([prompt]), past_key_values=cache, use_cache=True)
@@ -36,7 +38,8 @@ def main() -> None:
             model(input_ids=torch.tensor([[1234]]), past_key_values=cache, use_cache=True,
                   position_ids=torch.tensor([[cache.get_seq_length()]]))
 
-    steps = {"TreeLM.feed": lambda: verifier.feed([1234]), "transformers step": hf_step}
+    steps = {"TreeLM.feed (split layout)": lambda: verifier.feed([1234]),
+             "TreeLM.feed (block layout)": lambda: block.feed([1234]), "transformers step": hf_step}
     times: dict[str, list[float]] = {name: [] for name in steps}
     for i in range(args.steps + 3):
         for name, step in steps.items():
