@@ -8,6 +8,7 @@ from demo.captions import quoted
 from demo.live import WAYS
 from demo.tree_svg import target_token
 from specdec.records import RoundRecord, Summary
+from specdec.tree import TreeShape
 
 PAGE = ("max-width:860px;font-family:ui-sans-serif,system-ui,sans-serif;font-size:18px;line-height:1.6;color:#111;"
         "background:#fff;padding:8px 4px")
@@ -24,15 +25,6 @@ def _n(value: float | int, digits: int = 1) -> str:
     return f"<b>{value:.{digits}f}</b>" if isinstance(value, float) else f"<b>{value}</b>"
 
 
-def _shape_nodes(shape: list[int]) -> int:
-    """How many nodes a whole tree of this shape holds below the root."""
-    total, level = 0, 1
-    for width in shape:
-        level *= width
-        total += level
-    return total
-
-
 def draft_step(r: RoundRecord) -> str:
     drafted = len(r.nodes) - 1
     if drafted == 0:
@@ -45,7 +37,8 @@ def draft_step(r: RoundRecord) -> str:
     where = "one chain" if all(w == 1 for w in r.shape) else f"a tree of shape {html.escape(r.shape_name)}"
     text = (f"The small drafter guessed {_n(drafted - copied)} tokens as {where} "
             f"(at each depth, that many alternatives per node), in {_n(r.draft_ms)} ms.")
-    left_out = _shape_nodes(r.shape) - (drafted - copied)
+    # a drafter of another tokenizer re-encodes its tree: its node count is not the shape's
+    left_out = TreeShape(tuple(r.shape)).num_drafted - (drafted - copied) if r.mapping_ms is None else 0
     if left_out > 0:
         text += (f" It left out {_n(left_out)} more the shape allows: branches it found too unlikely to be worth a "
                  "place in the target's pass.")

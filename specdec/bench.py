@@ -268,15 +268,15 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
     greedy = temperature == 0.0
     bandits: dict[str, UCBBandit] = {}
     others: dict[str, Models] = {}  # a float32 target for `ar-float32`
-    settings = {key: value for key, value in (("lambda_ucb", lambda_ucb), ("min_branch_q", min_branch_q))
-                if value is not None}
+    exploration = {"lambda_ucb": lambda_ucb} if lambda_ucb is not None else {}
 
     def once(name: str, spec: MethodSpec, prompt: str, n_new: int, run_seed: int) -> Run:
-        own = {"min_branch_q": spec.min_branch_q} if spec.min_branch_q is not None else {}
+        trim = _trim(spec, min_branch_q)
         config = GenerationConfig(method=spec.base if spec.base in METHODS else "ar", tree=spec.tree,
                                   temperature=temperature, max_new_tokens=n_new, seed=run_seed, arms=arms,
                                   reward=spec.reward or reward, lookup_branch=spec.lookup_branch,
-                                  **{**settings, **own}).validate()
+                                  min_branch_q=GenerationConfig.min_branch_q if trim is None else trim,
+                                  **exploration).validate()
         if spec.base in HF_METHODS:
             return run_hf(models, prompt, spec.base, config, lookup_tokens)
         if spec.base == FLOAT32_AR:
@@ -517,8 +517,8 @@ def cost_table(cost: dict) -> str:
         steps = r["steps"] or {}
         rows.append(f"| {r['context']} | {r['ms'].get(1, float('nan')):.1f} | "
                     + " | ".join(f"{steps.get(n, float('nan')):.2f}" for n in sizes) + " |")
-    rows.append(f"\nA pass over n tokens, in target steps, the mean over {cost.get('repeats', 1)} consecutive positions "
-                f"from the context length on; {cost['dtype']} target, {cost['verifier']} verifier.")
+    rows.append(f"\nA pass over n tokens, in target steps, the mean over {cost.get('repeats', 1)} consecutive "
+                f"positions from the context length on; {cost['dtype']} target, {cost['verifier']} verifier.")
     return "\n".join(rows)
 
 

@@ -144,8 +144,9 @@ def _setup(models: Models, prompt: str, config: GenerationConfig, chat: bool,
         raise ValueError("the bandit passed in was made for other arms or reward settings")
     eos = target.model.generation_config.eos_token_id
     generator = torch.Generator(device=target.device).manual_seed(config.seed)
+    sampler = Sampler(config.temperature, config.top_p, generator, config.min_branch_q)
     return _Generation(config, target, prompt_ids, shapes, drafter, label, make_verifier(target.model), bandit,
-                       Sampler(config.temperature, config.top_p, generator, config.min_branch_q), Detokenizer(target.tokenizer),
+                       sampler, Detokenizer(target.tokenizer),
                        set(eos if isinstance(eos, list) else [eos] if eos is not None else []))
 
 

@@ -86,6 +86,8 @@ def test_explainer_says_what_the_drafter_left_out():
     assert "guessed 4 tokens as a tree of shape (2,2)" in text and "It left out 2 more the shape allows" in text
     whole = re.sub(r"<[^>]+>", "", explainer_html(tree_with_correction(), [tree_with_correction()]))
     assert "left out" not in whole
+    rec.mapping_ms = 1.0  # another tokenizer's tree is re-encoded: its nodes are not counted against the shape
+    assert "left out" not in re.sub(r"<[^>]+>", "", explainer_html(rec, [rec]))
     alone = chain_with_bonus()
     alone.nodes, alone.emitted, alone.accepted_len = alone.nodes[:1], alone.emitted[-1:], 0
     text = re.sub(r"<[^>]+>", "", explainer_html(alone, [alone]))

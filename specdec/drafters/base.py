@@ -77,8 +77,9 @@ class TreeBuilder:
         self.drop_weak = sampler.greedy  # greedy: a child below the threshold is not added
         self.min_branch_q = sampler.min_branch_q
 
-    def add_level(self, frontier: list[int], kids: torch.Tensor, q: torch.Tensor) -> list[int]:
-        """frontier: m parent nodes; kids: [m, width] tokens; q: [m, V]. Returns the new node indices."""
+    def add_level(self, frontier: list[int], kids: torch.Tensor, q: torch.Tensor, last: bool = False) -> list[int]:
+        """frontier: m parent nodes; kids: [m, width] tokens; q: [m, V]. Returns the next frontier: the new nodes
+        whose children are worth drafting (branch probability at least the threshold), none on the `last` level."""
         q_kid = q.gather(-1, kids)  # [m, width]
         new_nodes = []
         for row, parent in enumerate(frontier):
@@ -93,11 +94,7 @@ class TreeBuilder:
                 self.parents.append(parent)
                 self.q_tok.append(q_value)
                 self.branch_q.append(branch_q)
-        return new_nodes
-
-    def expandable(self, nodes: list[int]) -> list[int]:
-        """The nodes whose children are worth drafting: their branch probability is at least the threshold."""
-        return [node for node in nodes if self.branch_q[node] >= self.min_branch_q]
+        return [] if last else [node for node in new_nodes if self.branch_q[node] >= self.min_branch_q]
 
     def build(self, shape: TreeShape, vocab_size: int) -> DraftTree:
         q = None

@@ -79,8 +79,7 @@ def draft_tree(root: int, root_logits: torch.Tensor, buffers: MambaState, shape:
     frontier, frontier_logits = [0], root_logits  # [1, V] (None for the root alone: not computed yet)
     for depth, width in enumerate(shape.widths):
         kids, q = sampler.children(frontier_logits.view(len(frontier), -1), width)  # [m, width], [m, V]
-        new_nodes = builder.add_level(frontier, kids, q)
-        frontier = builder.expandable(new_nodes) if depth < shape.depth - 1 else []
+        frontier = builder.add_level(frontier, kids, q, last=depth == shape.depth - 1)
         if not frontier:
             break
         device = root_logits.device

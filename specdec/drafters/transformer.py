@@ -60,8 +60,7 @@ class TransformerDrafter(Drafter):
         frontier = [0]
         for depth, width in enumerate(shape.widths):
             kids, q = sampler.children(logits, width)  # [m, width], [m, V]
-            new_nodes = builder.add_level(frontier, kids, q)
-            frontier = builder.expandable(new_nodes) if depth < shape.depth - 1 else []
+            frontier = builder.add_level(frontier, kids, q, last=depth == shape.depth - 1)
             if not frontier:
                 break  # leaves are not fed
             parents = [self.region_index.get(builder.parents[node], -1) for node in frontier]
