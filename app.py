@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import functools
 import importlib.util
 import math
@@ -499,12 +500,26 @@ def warm_up(engine: Engine) -> None:
     threading.Thread(target=load, name="model-warm-up", daemon=True).start()
 
 
+def return_large_frees_to_the_os() -> None:
+    """glibc: serve every block of 128 KiB or more with its own mapping, returned to the system when freed.
+
+    By default glibc raises that threshold as large blocks are freed, and then keeps them in its per-thread arenas.
+    A round allocates tensors of [rows, vocabulary] whose row count changes with the drafted tree, on the server's
+    worker threads, so the arenas would hold ever more freed pages of odd sizes."""
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD; fixing it turns the raising off
+    except (OSError, AttributeError):  # not glibc: nothing to set
+        pass
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     why = "started with --replay-only" if args.replay_only else missing_runtime()
     if not why and hub_models(args) and os.environ.get("SPECDEC_ALLOW_HUB_MODELS", "") != "1":
         raise SystemExit(f"Refusing to serve hub models {', '.join(hub_models(args))}: set "
                          "SPECDEC_ALLOW_HUB_MODELS=1 to allow model ids that are not presets or local files.")
+    if not why:
+        return_large_frees_to_the_os()
     engine = None if why else real_engine(args.target, drafter_specs(args), args.device, args.dtype,
                                           args.drafter_dtype)
     notice = f"Replay-only mode ({why}): no model is loaded here; pick a recorded run or load an exported one." \
