@@ -50,7 +50,7 @@ def test_the_dry_run_passes_and_writes_the_report(dry_run):
                                                                           for b in gpu_check.BATCHES}
     assert all(r["ms"] > 0 and r["cuda_graphs"] is False for r in report["drafter_step"])
     assert len(report["verify"]) == 2 and all(sorted(r["ms"], key=int) == [str(n) for n in range(1, 17)]
-                                              for r in report["verify"])
+                                              and r["transformers_step_ms"] > 0 for r in report["verify"])
     rows = report["end_to_end"]
     assert {(r["dtype"], r["method"]) for r in rows} == {(d, m) for d in dtypes for m in gpu_check.METHODS}
     assert all(r["tokens_per_s"] > 0 and r["new_tokens"] == 12 for r in rows)
@@ -63,7 +63,7 @@ def test_every_table_row_has_its_numbers(dry_run):
     steps = _rows(md, "## Mamba drafter step")
     assert len(steps) == 6 and all(_numbers(row[2:]) for row in steps)
     verify = _rows(md, "## Verification")
-    assert len(verify) == 2 and all(len(_numbers(row[2:])) == 16 for row in verify)
+    assert len(verify) == 2 and all(len(_numbers(row[2:])) == 17 for row in verify)  # transformers step, n=1..16
     e2e = _rows(md, "## End to end")
     assert len(e2e) == 8 and all(len(_numbers(row[4:8])) == 4 and row[8] in ("yes", "no") for row in e2e)
     assert "every test passed and every row was measured" in md and "FAILED" not in md
