@@ -72,9 +72,16 @@ def conv_sequence(mixer, x: torch.Tensor, window: torch.Tensor | None = None) ->
     if window is None:
         out = F.conv1d(x, weight, bias, padding=K - 1, groups=x.shape[1])[..., :length]  # [b, d_in, l]
         return mixer.act(out).transpose(1, 2), F.pad(x, (max(K - length, 0), 0))[..., -K:]
-    full = torch.cat([window[..., 1:], x], dim=-1)  # [b, d_in, K - 1 + l]
-    out = F.conv1d(full, weight, bias, groups=x.shape[1])  # [b, d_in, l]
-    return mixer.act(out).transpose(1, 2), full[..., -K:]
+    # From a window, time-major: the K taps as multiply-adds over [b, l, d_in] rows, as `conv_step` sums them,
+    # with no transposed copy of x.
+    full = torch.cat([window[..., 1:].transpose(1, 2), x.transpose(1, 2)], dim=1)  # [b, K - 1 + l, d_in]
+    taps = weight[:, 0, :].t()  # [K, d_in]
+    out = full[:, :length] * taps[0]
+    for k in range(1, K):
+        out.addcmul_(full[:, k: k + length], taps[k])
+    if bias is not None:
+        out += bias
+    return mixer.act(out), full[:, -K:].transpose(1, 2)
 
 
 def ssm_parameters(mixer, x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
@@ -107,20 +114,27 @@ def scan_sequence(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.T
 
     Per chunk of time steps, Ā = exp(Δ A) and B̄x = Δ x B are made for all its steps at once, and B̄x is then
     turned into the states in place, s_t = Ā_t s_{t-1} + B̄x_t, one fused multiply-add a step; C · s is read off
-    all the chunk's states in one batched product."""
-    state = x.new_zeros(x.shape[0], x.shape[2], A.shape[1]) if s is None else s
-    ys = []
-    for t0 in range(0, x.shape[1], SCAN_CHUNK):
-        t = slice(t0, t0 + SCAN_CHUNK)
-        decay = torch.exp(dt[:, t, :, None] * A)  # Ā [b, T, d_in, N]
-        h = (dt[:, t] * x[:, t])[..., None] * B[:, t, None, :]  # B̄x [b, T, d_in, N], then the states
-        steps, decays = h.unbind(1), decay.unbind(1)  # views, made in one call
+    all the chunk's states in one batched product. The chunks reuse two buffers and write into one output, so a
+    long prompt allocates (and faults in) no fresh memory per chunk."""
+    rows, length, d_in = x.shape
+    chunk = max(1, min(SCAN_CHUNK, length))
+    decay_buffer = x.new_empty(rows, chunk, d_in, A.shape[1])  # Ā of the chunk's steps
+    state_buffer = torch.empty_like(decay_buffer)  # B̄x, then the states
+    all_steps, all_decays = state_buffer.unbind(1), decay_buffer.unbind(1)  # views of each step, made once
+    state = x.new_zeros(rows, d_in, A.shape[1]) if s is None else s.clone()  # the state before each chunk
+    y = x.new_empty(rows, length, d_in)
+    for t0 in range(0, length, chunk):
+        t = slice(t0, t0 + chunk)
+        n = min(chunk, length - t0)
+        torch.mul(dt[:, t, :, None], A, out=decay_buffer[:, :n]).exp_()  # Ā [b, n, d_in, N]
+        h = torch.mul((dt[:, t] * x[:, t])[..., None], B[:, t, None, :], out=state_buffer[:, :n])  # B̄x
+        steps, decays = all_steps[:n], all_decays[:n]
         steps[0].addcmul_(decays[0], state)
         for previous, current, a in zip(steps, steps[1:], decays[1:]):
             current.addcmul_(a, previous)
-        ys.append((h @ C[:, t, :, None]).squeeze(-1))  # [b, T, d_in]
-        state = h[:, -1]
-    return torch.cat(ys, dim=1), state.clone()
+        torch.matmul(h, C[:, t, :, None], out=y[:, t, :, None])  # [b, n, d_in, 1]
+        state.copy_(steps[-1])  # out of the buffer the next chunk overwrites
+    return y, state
 
 
 def project_out(mixer, y: torch.Tensor, x: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
