@@ -136,7 +136,7 @@ def finite(name: str, value) -> float:
 
 
 def settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup,
-                limits: Limits = Limits()) -> dict:
+                min_branch_q=DEFAULTS["min_branch_q"], limits: Limits = Limits()) -> dict:
     """The engine's keyword settings from the page's values; non-numbers, seeds out of range and token counts
     above the cap are refused in one sentence."""
     tokens = finite("max new tokens", max_new_tokens)
@@ -147,17 +147,18 @@ def settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_uc
         raise gr.Error(f"Invalid settings: at most {limits.max_new_tokens} new tokens per request here.")
     return dict(method=method, tree=(tree or "").strip() or None, arms=(arms or "").strip() or None,
                 temperature=finite("temperature", temperature), max_new_tokens=int(tokens), seed=int(seed),
-                lambda_ucb=finite("λ_UCB", lambda_ucb), reward=reward, lookup_branch=LOOKUP_BRANCH if lookup else 0)
+                lambda_ucb=finite("λ_UCB", lambda_ucb), reward=reward, lookup_branch=LOOKUP_BRANCH if lookup else 0,
+                min_branch_q=finite("the trimming threshold", min_branch_q))
 
 
 def page_handler(handler, limits: Limits):
     """`handler(prompt, settings, session, progress)` as a Gradio handler of the page's inputs: the prompt, the
     `SETTINGS` and the session."""
 
-    def on_page(prompt, method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup, session,
-                progress=gr.Progress()):
+    def on_page(prompt, method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup,
+                min_branch_q, session, progress=gr.Progress()):
         settings = settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup,
-                               limits)
+                               min_branch_q, limits)
         yield from handler(checked_prompt(prompt, limits), settings, session or Session(), progress)
 
     return on_page
@@ -337,10 +338,10 @@ def wire_api(live: Live, limits: Limits) -> None:
                        max_new_tokens: int = DEFAULTS["max_new_tokens"], seed: int = DEFAULTS["seed"],
                        tree: str | None = DEFAULTS["tree"], arms: str | None = DEFAULTS["arms"],
                        lambda_ucb: float = DEFAULTS["lambda_ucb"], reward: str = DEFAULTS["reward"],
-                       lookup: bool = DEFAULTS["lookup"]) -> dict:
+                       lookup: bool = DEFAULTS["lookup"], min_branch_q: float = DEFAULTS["min_branch_q"]) -> dict:
         """Decode `prompt` to the end and return the answer as JSON: text, token ids and the run's figures."""
         settings = settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup,
-                               limits)
+                               min_branch_q, limits)
         stop = threading.Event()
         worker = asyncio.ensure_future(asyncio.to_thread(live.answer, checked_prompt(prompt, limits), settings, stop))
         try:

@@ -14,8 +14,8 @@ from specdec.registry import KINDS, DrafterKind
 # The settings' values as the page opens, by the handlers' input names; `lookup` grafts a LOOKUP_BRANCH branch
 DEFAULTS = dict(method=GenerationConfig.method, temperature=GenerationConfig.temperature, max_new_tokens=96,
                 seed=GenerationConfig.seed, tree=None, arms=None, lambda_ucb=GenerationConfig.lambda_ucb,
-                reward=GenerationConfig.reward, lookup=True)
-SETTINGS = tuple(DEFAULTS)
+                reward=GenerationConfig.reward, lookup=True, min_branch_q=GenerationConfig.min_branch_q)
+SETTINGS = tuple(DEFAULTS)  # new settings go last: API callers pass them by position
 
 # Ways of drafting, by policy, in the order the page offers them
 WAYS = {"ucb": "Tree, shape chosen by a bandit", "tree": "Fixed tree", "chain": "Chain", "none": "One token per step"}
@@ -105,6 +105,11 @@ def settings_panel() -> dict:
                                     info="Weight of exploration in the bandit's UCB score")
         c["reward"] = gr.Radio([(f"{r}: {REWARD_TEXT[r]}", r) for r in REWARDS], value=DEFAULTS["reward"],
                                label="Bandit reward", elem_id="bandit-reward")
+        c["min_branch_q"] = gr.Slider(0.0, 0.9, value=DEFAULTS["min_branch_q"], step=0.01,
+                                      label="Trim the tree by the drafter's confidence", elem_id="min-branch-q",
+                                      info="A node gets children only while the drafter's probability of its branch "
+                                           "is at least this (greedy also leaves out a child below it); 0 drafts "
+                                           "every node of the shape. Output is exact either way.")
     return c
 
 

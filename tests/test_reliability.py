@@ -67,7 +67,7 @@ def test_control_characters_over_the_api(client):
 
 
 @pytest.mark.parametrize("name, value", [("temperature", "nan"), ("temperature", "inf"), ("lambda_ucb", "-inf"),
-                                         ("max_new_tokens", "nan"), ("seed", "inf")])
+                                         ("max_new_tokens", "nan"), ("seed", "inf"), ("min_branch_q", "nan")])
 def test_non_finite_numbers_are_refused_in_one_sentence(name, value):
     with pytest.raises(app.gr.Error, match="must be a finite number"):
         app.settings_of(**{**ARGS, name: float(value)})
@@ -78,7 +78,13 @@ def test_numbers_out_of_range_over_the_api(client):
     refused(client, "seed must be a whole number", seed=-1)
     refused(client, "at most 64 new tokens", max_new_tokens=65)
     refused(client, "temperature", temperature=-1)
+    refused(client, "min_branch_q must be in", min_branch_q=1.0)
     assert len(complete(client, "Hi", seed=app.MAX_SEED)["token_ids"]) == 8
+
+
+def test_the_trimming_threshold_reaches_the_engine():
+    assert fake_engine().make_config(**app.settings_of(**ARGS)).min_branch_q == app.DEFAULTS["min_branch_q"]
+    assert fake_engine().make_config(**app.settings_of(**{**ARGS, "min_branch_q": 0.3})).min_branch_q == 0.3
 
 
 def test_prompt_length_cap(client):

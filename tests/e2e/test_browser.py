@@ -47,6 +47,10 @@ def test_generate_streams_tokens_tree_and_plots(page):
     page.get_by_text("Advanced", exact=True).click()  # the paper's reward: the rounds do not depend on timings
     page.locator("#bandit-reward label").filter(has_text="paper").click()
     assert page.locator("#bandit-reward input[value=paper]").is_checked()
+    trim = page.locator("#min-branch-q input[type=number]")
+    assert float(trim.input_value()) == 0.05  # the engine's default
+    trim.fill("0")  # whole shapes
+    trim.press("Enter")
     page.locator("#generate-btn").click()
 
     # tokens stream in: some appear while the run is still going
@@ -65,6 +69,7 @@ def test_generate_streams_tokens_tree_and_plots(page):
     with page.expect_download() as download:
         page.locator("#export-btn").click()
     data = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
+    assert data["settings"]["min_branch_q"] == 0
     assert data["summary"]["new_tokens"] == tokens.count() == len(data["rounds"][-1]["emitted"]) + sum(
         len(r["emitted"]) for r in data["rounds"][:-1])
     last = data["rounds"][-1]
