@@ -73,7 +73,7 @@ def tree_attention_mask(prefix_len: int, anc: torch.Tensor, rows: slice, dtype: 
     return mask[None, None].to(device)  # [1, 1, n_rows, prefix_len + S]
 
 
-SPLIT_BLOCK = 16  # the split layout cuts a row's keys at multiples of this absolute position
+SPLIT_BLOCK = 64  # the split layout cuts a row's keys at multiples of this absolute position
 SPLIT_MARGIN = 16  # ... at least this many positions before the row: rows up to this deep share heads in the prefix
 TAIL = SPLIT_BLOCK + SPLIT_MARGIN  # the most keys a row's tail holds: every tail is padded to this many
 

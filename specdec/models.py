@@ -119,7 +119,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-_PROBE_VERSION = 6  # bump when what `cpu_kernels` probes changes, so every machine probes again
+_PROBE_VERSION = 7  # bump when what `cpu_kernels` probes changes, so every machine probes again
 
 
 def cpu_kernels() -> dict:
