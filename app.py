@@ -145,10 +145,13 @@ def settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_uc
         raise gr.Error(f"Invalid settings: the seed must be a whole number from 0 to {MAX_SEED}.")
     if tokens > limits.max_new_tokens:
         raise gr.Error(f"Invalid settings: at most {limits.max_new_tokens} new tokens per request here.")
+    trim = finite("the trimming threshold", min_branch_q)
+    if not 0.0 <= trim < 1.0:
+        raise gr.Error("Invalid settings: the trimming threshold (min_branch_q) must be at least 0 and below 1.")
     return dict(method=method, tree=(tree or "").strip() or None, arms=(arms or "").strip() or None,
                 temperature=finite("temperature", temperature), max_new_tokens=int(tokens), seed=int(seed),
                 lambda_ucb=finite("λ_UCB", lambda_ucb), reward=reward, lookup_branch=LOOKUP_BRANCH if lookup else 0,
-                min_branch_q=finite("the trimming threshold", min_branch_q))
+                min_branch_q=trim)
 
 
 def page_handler(handler, limits: Limits):

@@ -24,7 +24,10 @@ def gpu_clocks(device: torch.device) -> str:
     if device.type != "cuda":
         return ""
     query = ["nvidia-smi", "--query-gpu=clocks.sm,utilization.gpu", "--format=csv,noheader"]
-    return "  clocks, utilisation: " + subprocess.run(query, capture_output=True, text=True).stdout.strip()
+    try:
+        return "  clocks, utilisation: " + subprocess.run(query, capture_output=True, text=True).stdout.strip()
+    except OSError:  # no nvidia-smi on this machine
+        return ""
 
 
 def main() -> None:

@@ -471,11 +471,11 @@ def verification_cost(models: Models, contexts: list[int], sizes: list[int], rep
 
     The engine's own verifier (`make_verifier`: the row-invariant layout on a CPU, as the engine runs it); every size
     is timed round-robin after a warm-up, `repeats` times, the context one token longer each time. The row-invariant
-    layout cuts each row's keys at a multiple of `kvcache.SPLIT_BLOCK` set by the row's position, and a pass whose
-    rows straddle such a cut reads the shared prefix once per cut; so the cost depends on where in that block the
-    pass starts, and the mean over consecutive positions (every place in the block: `repeats` defaults to
-    `SPLIT_BLOCK`) is what decoding pays on average. The cost at the context length itself (whose rows straddle a cut when it is a multiple of the block)
-    is kept beside it as `at_length`.
+    layout cuts each row's keys at `kvcache.head_end` of the row's position, and a pass whose rows straddle such a
+    cut reads the shared prefix once per cut; so the cost depends on where in the block the pass starts, and the
+    mean over consecutive positions (every place in the block: `repeats` defaults to `SPLIT_BLOCK`) is what
+    decoding pays on average. The cost at the context length itself is kept beside it as
+    `at_length`.
     """
     from specdec.engine import make_verifier
     from specdec.kvcache import SPLIT_BLOCK

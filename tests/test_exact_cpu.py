@@ -42,7 +42,9 @@ def _stepwise(base: TreeLM, tokens: list[int], parents: list[int]) -> dict[int, 
     return logits
 
 
-@pytest.mark.parametrize("context", [7, 2000, 4000, 8000])  # 8000: near SmolLM2's 8,192 positions
+# 2000, 3984, 8008: a 15-chain from the root at context - 1 straddles a cut (a multiple of SPLIT_BLOCK plus
+# SPLIT_MARGIN), so its rows use two heads; 8008: near SmolLM2's 8,192 positions
+@pytest.mark.parametrize("context", [7, 2000, 3984, 8008])
 def test_tree_rows_equal_single_steps_bitwise(smollm2_exact, context):
     target = smollm2_exact.target
     sentence = "A state-space model keeps a fixed-size state per layer. "  # 12 tokens
@@ -64,7 +66,7 @@ def test_tree_rows_equal_single_steps_bitwise(smollm2_exact, context):
 def test_blocks_longer_than_the_invariant_row_count_are_split(smollm2_exact):
     target = smollm2_exact.target
     base = make_verifier(target.model)
-    base.prefill([1, 2, 3])
+    base.prefill(list(range(1, 51)))  # rows from position 80 on are cut at 64, past the prefix: heads into the branch
     tokens = list(range(100, 100 + MAX_INVARIANT_ROWS + 5))  # one chain, longer than MAX_INVARIANT_ROWS
     parents = list(range(-1, len(tokens) - 1))
     block = base.fork().extend(tokens, parents)

@@ -78,7 +78,7 @@ def test_numbers_out_of_range_over_the_api(client):
     refused(client, "seed must be a whole number", seed=-1)
     refused(client, "at most 64 new tokens", max_new_tokens=65)
     refused(client, "temperature", temperature=-1)
-    refused(client, "min_branch_q must be in", min_branch_q=1.0)
+    refused(client, "trimming threshold \\(min_branch_q\\) must be at least 0", min_branch_q=1.0)
     assert len(complete(client, "Hi", seed=app.MAX_SEED)["token_ids"]) == 8
 
 
