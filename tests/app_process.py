@@ -23,6 +23,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def close_blocks(blocks) -> None:
+    """`blocks.close()`, once more when gradio's close raced its server's event loop: it sets the loop's asyncio
+    stop event from this thread, and the loop may add a waiter meanwhile ("deque mutated during iteration"); the
+    second call finds the event set and closes the server."""
+    try:
+        blocks.close()
+    except RuntimeError:
+        blocks.close()
+
+
 @contextmanager
 def served(blocks) -> Iterator[str]:
     """Yield the URL of `blocks` (a `gr.Blocks`) launched in this process on a free port; always close it."""
@@ -31,7 +41,7 @@ def served(blocks) -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{port}/"
     finally:
-        blocks.close()
+        close_blocks(blocks)
 
 
 @contextmanager

@@ -20,7 +20,7 @@ from gradio_client.exceptions import AppError
 
 import app
 from specdec.models import ModelLoadError, load_model
-from tests.app_process import ROOT, free_port
+from tests.app_process import ROOT, close_blocks, free_port
 from tests.test_app_client import ARGS, fake_engine
 
 LIMITS = app.Limits(max_new_tokens=64, max_prompt_chars=500, queue_size=4)
@@ -32,7 +32,7 @@ def client():
     port = free_port()
     blocks.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     yield Client(f"http://127.0.0.1:{port}/", verbose=False)
-    blocks.close()
+    close_blocks(blocks)
 
 
 def complete(client: Client, prompt: str, **changes) -> dict:
@@ -233,7 +233,7 @@ def test_a_full_queue_refuses_in_one_sentence_and_recovers():
         assert outcomes.count(32) >= 2 and len(refusals) + outcomes.count(32) == 8
         assert len(Client(url, verbose=False).predict("Hi", max_new_tokens=8, api_name="/complete")["token_ids"]) == 8
     finally:
-        blocks.close()
+        close_blocks(blocks)
 
 
 @pytest.mark.parametrize("endpoint", ["/complete", "/generate"])
@@ -257,4 +257,4 @@ def test_a_cancelled_request_closes_its_engine_run_within_a_round(endpoint):
         assert client.predict(api_name="/status")["engine_runs"] == 0 and time.monotonic() - cancelled < 2
         assert len(client.predict("Hi", max_new_tokens=8, api_name="/complete")["token_ids"]) == 8
     finally:
-        blocks.close()
+        close_blocks(blocks)
