@@ -67,14 +67,14 @@ def conv_sequence(mixer, x: torch.Tensor, window: torch.Tensor | None = None) ->
     before x, as `conv_step` keeps them) -> (act(conv) [b, l, d_in], window after the last token [b, d_in, K]: its
     last K inputs, zero-padded on the left)."""
     length, K = x.shape[1], mixer.conv_kernel_size
-    x = x.transpose(1, 2)  # [b, d_in, l]
     weight, bias = conv_weights(mixer)
     if window is None:
+        x = x.transpose(1, 2)  # [b, d_in, l]
         out = F.conv1d(x, weight, bias, padding=K - 1, groups=x.shape[1])[..., :length]  # [b, d_in, l]
         return mixer.act(out).transpose(1, 2), F.pad(x, (max(K - length, 0), 0))[..., -K:]
     # From a window, time-major: the K taps as multiply-adds over [b, l, d_in] rows, as `conv_step` sums them,
     # with no transposed copy of x.
-    full = torch.cat([window[..., 1:].transpose(1, 2), x.transpose(1, 2)], dim=1)  # [b, K - 1 + l, d_in]
+    full = torch.cat([window[..., 1:].transpose(1, 2), x], dim=1)  # [b, K - 1 + l, d_in]
     taps = weight[:, 0, :].t()  # [K, d_in]
     out = full[:, :length] * taps[0]
     for k in range(1, K):
