@@ -90,7 +90,10 @@ def bandit_step(r: RoundRecord) -> str:
             f"{html.escape(b.reward_kind)}; {REWARD_MEANING.get(b.reward_kind, '')})")
 
 
-REWARD_MEANING = {"throughput": "a shape's tokens per second over all its rounds, 1 for the fastest so far",
+REWARD_MEANING = {"pooled": "a shape's tokens per second: the tokens its rounds should emit, from how often the "
+                            "drafter's guesses were kept at each depth in recent rounds of any shape, over the "
+                            "seconds its rounds took; 1 for the fastest",
+                  "throughput": "a shape's tokens per second over all its rounds, 1 for the fastest so far",
                   "paper": "more tokens per target pass scores higher"}
 
 

@@ -8,18 +8,19 @@ from __future__ import annotations
 
 import gradio as gr
 
-from specdec.config import LOOKUP_BRANCH, METHODS as ENGINE_METHODS, REWARDS, GenerationConfig
+from specdec.config import LAMBDA_UCB, LOOKUP_BRANCH, METHODS as ENGINE_METHODS, REWARDS, GenerationConfig
 from specdec.registry import KINDS, DrafterKind
 
 # The settings' values as the page opens, by the handlers' input names; `lookup` grafts a LOOKUP_BRANCH branch
 DEFAULTS = dict(method=GenerationConfig.method, temperature=GenerationConfig.temperature, max_new_tokens=96,
-                seed=GenerationConfig.seed, tree=None, arms=None, lambda_ucb=GenerationConfig.lambda_ucb,
+                seed=GenerationConfig.seed, tree=None, arms=None, lambda_ucb=LAMBDA_UCB[GenerationConfig.reward],
                 reward=GenerationConfig.reward, lookup=True, min_branch_q=GenerationConfig.min_branch_q)
 SETTINGS = tuple(DEFAULTS)  # new settings go last: API callers pass them by position
 
 # Ways of drafting, by policy, in the order the page offers them
 WAYS = {"ucb": "Tree, shape chosen by a bandit", "tree": "Fixed tree", "chain": "Chain", "none": "One token per step"}
-REWARD_TEXT = {"throughput": "measured tokens/s", "paper": "fewer target passes per token"}
+REWARD_TEXT = {"pooled": "tokens/s, acceptance shared by the shapes", "throughput": "measured tokens/s per shape",
+               "paper": "fewer target passes per token"}
 
 
 def ways_of(kind: DrafterKind) -> dict[str, str]:
@@ -102,7 +103,8 @@ def settings_panel() -> dict:
         c["arms"] = gr.Textbox(DEFAULTS["arms"], label="Bandit arms", placeholder="e.g. 4; 2,2,1; 3,1,1",
                                info="Tree shapes the bandit chooses from, separated by ';'.")
         c["lambda_ucb"] = gr.Slider(0.0, 1.0, value=DEFAULTS["lambda_ucb"], step=0.05, label="λ_UCB",
-                                    info="Weight of exploration in the bandit's UCB score")
+                                    info="Weight of exploration in the bandit's UCB score (0.1 suits the pooled "
+                                         "reward, 0.3 the others)")
         c["reward"] = gr.Radio([(f"{r}: {REWARD_TEXT[r]}", r) for r in REWARDS], value=DEFAULTS["reward"],
                                label="Bandit reward", elem_id="bandit-reward")
         c["min_branch_q"] = gr.Slider(0.0, 0.9, value=DEFAULTS["min_branch_q"], step=0.01,

@@ -3,12 +3,17 @@
     k* = argmax_k  value_k + λ_UCB * sqrt(2 ln t / n_k)
 
 Rewards (`value_k` is the arm's mean reward):
-    throughput  (the default) the arm's measured tokens per second: the tokens its rounds emitted over the
-                seconds they took, divided by the best arm's, so values lie in (0, 1] and the best arm scores 1.
-                It counts what a round really costs (drafting, a verification pass that grows with the tree,
-                the commit), so where drafting does not pay the plain target step (arm "0") wins. Every round
-                weighs past rounds by DISCOUNT (discounted UCB): a bandit that lives over many prompts follows
-                the prompt at hand, so one whose text the drafter cannot guess falls back to arm "0".
+    pooled      (the default) the arm's tokens per second, predicted: the tokens a round of its shape emits
+                (from the chance that each depth of the accepted path goes on, learnt from every drafting
+                round whatever its shape) over the seconds a round of that arm takes (measured), divided by
+                the best arm's, so values lie in (0, 1]. The cost of a shape is a fact about the machine and
+                changes slowly (COST_DISCOUNT); how well the drafter guesses is a fact about the text: it is
+                pooled over all shapes, forgets fast (ACCEPT_MEMORY, a drafting round at a time) and counts
+                for less when a new prompt starts (NEW_PROMPT_KEEP). So on a text the drafter cannot guess,
+                every drafting arm falls at once, after a few rounds of any of them, and arm "0" wins.
+    throughput  the arm's measured tokens per second: the tokens its rounds emitted over the seconds they took,
+                divided by the best arm's. Every round weighs past rounds by DISCOUNT (discounted UCB). Each
+                arm learns from its own rounds only.
     paper       the paper's r = -(1/N_accept + λ_γ * γ(T) / N_accept), N_accept = tokens emitted in the round:
                 fewer target calls per token, blind to what a pass over a larger tree costs.
 """
@@ -16,11 +21,72 @@ Rewards (`value_k` is the arm's mean reward):
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from specdec.records import ArmStat, BanditSnapshot
 from specdec.tree import TreeShape
 
 DISCOUNT = 0.97  # throughput: the weight of a round one round older (a memory of about 1 / (1 - 0.97) rounds)
+COST_DISCOUNT = 0.99  # pooled: the same for an arm's seconds per round and its pulls (costs change slowly)
+ACCEPT_MEMORY = 0.8  # pooled: the weight of a drafting round's depth outcomes one drafting round older
+NEW_PROMPT_KEEP = 0.3  # pooled: the weight left to the depth outcomes of earlier prompts when a new one starts
+FIRST_PRIOR = (0.5, 1.0)  # pooled: (mean, weight in rounds) of the chance that a depth's first child is kept
+OTHER_PRIOR = (0.2, 1.0)  # pooled: the same for a sibling being kept when the first child is not
+
+
+class DepthOutcome(NamedTuple):
+    """What one depth of a round's tree did, along the accepted path (`depth_outcomes`)."""
+
+    depth: int  # 1 = the root's children
+    width: int  # the arm's shape's children per node at this depth; 0 past its depth (a prompt-lookup graft)
+    kept: bool  # the path went on to this depth
+    first: bool  # ... through the parent's first child (the drafter's best guess)
+
+
+def depth_outcomes(parents: Sequence[int], path: Sequence[int], widths: Sequence[int]) -> list[DepthOutcome]:
+    """A verified tree (`parents`, -1 for the root) and its accepted path (node indices from the root) -> one
+    outcome per depth the path reached, and the depth where it stopped."""
+    out = []
+    for depth in range(1, len(parents) + 1):
+        kept = depth < len(path)
+        first = kept and next(i for i, p in enumerate(parents) if p == path[depth - 1]) == path[depth]
+        out.append(DepthOutcome(depth, widths[depth - 1] if depth <= len(widths) else 0, kept, first))
+        if not kept:
+            break
+    return out
+
+
+class _Rates:
+    """Discounted (trials, successes) per key, read with a prior: (successes + mean * weight) / (trials + weight)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[int, int], list[float]] = {}
+
+    def add(self, key: tuple[int, int], success: bool) -> None:
+        c = self.counts.setdefault(key, [0.0, 0.0])
+        c[0] += 1.0
+        c[1] += float(success)
+
+    def scale(self, factor: float) -> None:
+        for c in self.counts.values():
+            c[0] *= factor
+            c[1] *= factor
+
+    def rate(self, depth: int, width: int, prior: tuple[float, float]) -> float:
+        """The rate at (depth, width), else at the nearest shallower depth seen, else the prior."""
+        trials = successes = 0.0
+        for d in range(depth, 0, -1):
+            if (d, width) in self.counts:
+                trials, successes = self.counts[(d, width)]
+                break
+        mean, weight = prior
+        return (successes + mean * weight) / (trials + weight)
+
+    def exact(self, key: tuple[int, int]) -> float | None:
+        """The rate at `key` alone, without a prior; None where nothing was seen."""
+        trials, successes = self.counts.get(key, (0.0, 0.0))
+        return successes / trials if trials > 0 else None
 
 
 def paper_reward(n_accept: int, depth: int, lambda_gamma: float) -> float:
@@ -31,7 +97,7 @@ def paper_reward(n_accept: int, depth: int, lambda_gamma: float) -> float:
 class UCBBandit:
     """One instance per generation session; arms are tree shapes."""
 
-    def __init__(self, arms: list[TreeShape], lambda_ucb: float = 1.0, reward_kind: str = "throughput",
+    def __init__(self, arms: list[TreeShape], lambda_ucb: float = 1.0, reward_kind: str = "pooled",
                  lambda_gamma: float = 0.1) -> None:
         self.arms = arms
         self.lambda_ucb = lambda_ucb
@@ -39,8 +105,11 @@ class UCBBandit:
         self.reward_kind = reward_kind
         self.pulls = [0] * len(arms)
         self.reward_sums = [0.0] * len(arms)  # paper: the rewards; throughput: the tokens emitted
-        self.seconds = [0.0] * len(arms)  # throughput: the seconds the arm's rounds took
-        self.weights = [0.0] * len(arms)  # throughput: the arm's rounds, each discounted by its age
+        self.seconds = [0.0] * len(arms)  # throughput, pooled: the seconds the arm's rounds took, discounted
+        self.weights = [0.0] * len(arms)  # throughput, pooled: the arm's rounds, each discounted by its age
+        self.first = _Rates()  # pooled: (depth, 0) -> was the first child kept (any child, where the width is 1)
+        self.other = _Rates()  # pooled: (depth, width >= 2) -> was a sibling kept when the first child was not
+        self.beyond = _Rates()  # pooled: (depth, 0) -> did the path go on past the shape (a grafted branch)
         self.last: tuple[int, float] | None = None  # (arm, the last round's raw reward: paper's r, or tokens/s)
 
     @classmethod
@@ -59,22 +128,44 @@ class UCBBandit:
 
     def _counts(self) -> list[float]:
         """The rounds the exploration bonus counts: all pulls (paper), or their discounted weights (throughput)."""
-        return self.weights if self.reward_kind == "throughput" else self.pulls
+        return self.pulls if self.reward_kind == "paper" else self.weights
+
+    def tokens_per_round(self, arm: int) -> float:
+        """pooled: the tokens a round of `arm` is predicted to emit, 1 + the sum over depths d of the chance that
+        the path reaches d (the product of each depth's chance to go on, given the shape's width there)."""
+        tokens = reach = 1.0
+        widths = self.arms[arm].widths
+        for depth, width in enumerate(widths, 1):
+            first = self.first.rate(depth, 0, FIRST_PRIOR)
+            if width >= 2:
+                first += (1.0 - first) * self.other.rate(depth, width, OTHER_PRIOR)
+            reach *= first
+            tokens += reach
+        depth = len(widths) + 1
+        while widths and (on := self.beyond.exact((depth, 0))):  # a grafted branch past the shape goes on
+            reach *= on
+            tokens += reach
+            depth += 1
+        return tokens
 
     def _rates(self) -> list[float | None]:
-        """throughput: each arm's tokens per second over all its rounds."""
+        """throughput: each arm's tokens per second over all its rounds; pooled: predicted tokens per round over
+        the arm's measured seconds per round."""
+        if self.reward_kind == "pooled":
+            return [self.tokens_per_round(k) * w / max(s, 1e-9) if n else None
+                    for k, (s, w, n) in enumerate(zip(self.seconds, self.weights, self.pulls))]
         return [tokens / max(s, 1e-9) if n else None for tokens, s, n in zip(self.reward_sums, self.seconds,
                                                                              self.pulls)]
 
     @property
     def _scale(self) -> float:
-        """throughput: the best arm's tokens per second (1 for the paper's reward)."""
-        if self.reward_kind != "throughput":
+        """throughput, pooled: the best arm's tokens per second (1 for the paper's reward)."""
+        if self.reward_kind == "paper":
             return 1.0
         return max((r for r in self._rates() if r is not None), default=0.0) or 1.0
 
     def means(self) -> list[float | None]:
-        if self.reward_kind == "throughput":
+        if self.reward_kind != "paper":
             scale = self._scale
             return [r / scale if r is not None else None for r in self._rates()]
         return [s / n if n else None for s, n in zip(self.reward_sums, self.pulls)]
@@ -93,20 +184,45 @@ class UCBBandit:
         values = self.ucb_values()
         return max(range(len(values)), key=lambda k: values[k])
 
-    def observe(self, arm: int, n_accept: int, depth: int, seconds: float) -> None:
-        """Learn from one round of `arm`: it emitted `n_accept` tokens with a tree `depth` deep in `seconds`."""
+    def new_prompt(self) -> None:
+        """A new generation starts: pooled, what the drafter's guesses did on earlier text counts for less."""
+        for rates in (self.first, self.other, self.beyond):
+            rates.scale(NEW_PROMPT_KEEP)
+
+    def observe(self, arm: int, n_accept: int, depth: int, seconds: float,
+                outcomes: Sequence[DepthOutcome] = ()) -> None:
+        """Learn from one round of `arm`: it emitted `n_accept` tokens with a tree `depth` deep in `seconds`;
+        `outcomes` (`depth_outcomes`, the pooled reward needs them for a drafting arm) what each depth did."""
         if self.reward_kind == "paper":
             self.update(arm, paper_reward(n_accept, depth, self.lambda_gamma))
             return
+        if self.reward_kind == "pooled" and self.arms[arm].depth:
+            if not outcomes:
+                raise ValueError("a pooled bandit learns a drafting round from its depth outcomes: pass outcomes")
+            self._learn_depths(outcomes)
+        discount = COST_DISCOUNT if self.reward_kind == "pooled" else DISCOUNT
         for k in range(len(self.arms)):  # every arm's past fades by one round
-            self.reward_sums[k] *= DISCOUNT
-            self.seconds[k] *= DISCOUNT
-            self.weights[k] *= DISCOUNT
+            self.reward_sums[k] *= discount
+            self.seconds[k] *= discount
+            self.weights[k] *= discount
         self.pulls[arm] += 1
         self.weights[arm] += 1.0
         self.reward_sums[arm] += n_accept
         self.seconds[arm] += seconds
         self.last = (arm, n_accept / max(seconds, 1e-9))
+
+    def _learn_depths(self, outcomes: Sequence[DepthOutcome]) -> None:
+        for rates in (self.first, self.other, self.beyond):
+            rates.scale(ACCEPT_MEMORY)
+        for depth, width, kept, first in outcomes:
+            if width == 0:
+                self.beyond.add((depth, 0), kept)
+            elif width == 1:
+                self.first.add((depth, 0), kept)
+            else:
+                self.first.add((depth, 0), first)
+                if not first:
+                    self.other.add((depth, width), kept)
 
     def update(self, arm: int, reward: float) -> None:
         """Add one scalar reward to `arm` (the paper's reward; `observe` is the engine's entry point)."""

@@ -29,7 +29,8 @@ import psutil
 import torch
 
 from specdec.bandit import UCBBandit
-from specdec.config import BANDIT_SCOPES, DEFAULT_ARMS, LOOKUP_BRANCH, METHODS, REWARDS, GenerationConfig
+from specdec.config import (BANDIT_SCOPES, DEFAULT_ARMS, LAMBDA_UCB, LOOKUP_BRANCH, METHODS, REWARDS,
+                            GenerationConfig)
 from specdec.engine import encode_prompt, generate
 from specdec.models import Models
 from specdec.passages import LONG_TOPICS, long_passage, summary_prompt
@@ -250,7 +251,7 @@ def _aggregate(runs: list[Run], ar_runs: list[Run] | None, greedy: bool, engine:
 
 def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_tokens: int, temperature: float = 0.0,
               repeats: int = 1, seed: int = 0, lookup_tokens: int = 10, bandit_scope: str = "session",
-              arms: str | None = None, reward: str = "throughput", lambda_ucb: float | None = None,
+              arms: str | None = None, reward: str = "pooled", lambda_ucb: float | None = None,
               min_branch_q: float | None = None, log=print) -> dict:
     """Run every method on every prompt, interleaved prompt by prompt, after a warm-up.
 
@@ -330,7 +331,7 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
         "drafter_dtype": str(models.drafter_dtype).removeprefix("torch."), "max_new_tokens": max_new_tokens,
         "temperature": temperature, "repeats": repeats, "prompts": len(prompts), "lookup_tokens": lookup_tokens,
         "bandit_scope": bandit_scope, "arms": arms or DEFAULT_ARMS, "reward": reward,
-        "lambda_ucb": lambda_ucb if lambda_ucb is not None else GenerationConfig.lambda_ucb,
+        "lambda_ucb": lambda_ucb if lambda_ucb is not None else LAMBDA_UCB[reward],
         "min_branch_q": min_branch_q if min_branch_q is not None else GenerationConfig.min_branch_q,
         "torch_threads": torch.get_num_threads()}, "methods": results}
 

@@ -37,10 +37,12 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--lambda-ucb", type=float, default=GenerationConfig.lambda_ucb)
+    g.add_argument("--lambda-ucb", type=float, default=None,
+                   help="the bandit's exploration weight (default: 0.1 with the pooled reward, 0.3 with the others)")
     g.add_argument("--lambda-gamma", type=float, default=0.1)
-    g.add_argument("--reward", default="throughput", choices=REWARDS,
-                   help="bandit reward for *-ucb: measured tokens/s (throughput) or the paper's")
+    g.add_argument("--reward", default="pooled", choices=REWARDS,
+                   help="bandit reward for *-ucb: tokens/s predicted from acceptance pooled over the shapes "
+                        "(pooled), measured per shape (throughput), or the paper's")
     g.add_argument("--lookup-branch", type=int, default=GenerationConfig.lookup_branch,
                    help="mamba-*/tf-*: also verify up to N tokens copied from the context (prompt lookup), "
                         "grafted onto each tree; 0 = off")
@@ -104,7 +106,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                    help="*-ucb methods: one bandit for the whole run, as the app keeps one per browser session "
                         "(session), or a fresh one per prompt (prompt)")
     b.add_argument("--arms", default=None, help=f"bandit arms for *-ucb (default '{DEFAULT_ARMS}')")
-    b.add_argument("--reward", default="throughput", choices=REWARDS, help="bandit reward for *-ucb")
+    b.add_argument("--reward", default="pooled", choices=REWARDS, help="bandit reward for *-ucb")
     b.add_argument("--lambda-ucb", type=float, default=None, help="bandit exploration weight for *-ucb")
     b.add_argument("--min-branch-q", type=float, default=None, help=MIN_BRANCH_Q_HELP)
     b.add_argument("--context-lengths", default=None, help="e.g. 256,1024,4096: drafter latency/memory study")

@@ -27,9 +27,9 @@ class Method:
 
 
 # Default shapes are sized for a CPU, where a verification pass grows with the tree (`python -m specdec bench
-# --cost-curve 400,2000`, docs/benchmarks.md); "0" is a plain target step, for when drafting does not pay. Both
-# rewards span about 1, so λ_UCB = 0.3 (docs/method.md, "Choose the next tree shape"); the arms were chosen with
-# fixed-shape runs, e.g. `python -m specdec bench --methods "ar,mamba-tree:3,mamba-tree:2;1;1,mamba-tree:2;1;1;1"`.
+# --cost-curve 400,2000`, docs/benchmarks.md); "0" is a plain target step, for when drafting does not pay. The
+# rewards span about 1; λ_UCB is 0.3 where each arm learns from its own rounds alone, 0.1 for the pooled reward,
+# whose values are steadier (docs/method.md, "Choose the next tree shape"); the arms were chosen with fixed-shape runs, e.g. `python -m specdec bench --methods "ar,mamba-tree:3,mamba-tree:2;1;1,mamba-tree:2;1;1;1"`.
 DEFAULT_ARMS = "0; 3; 2,1,1; 2,1,1,1"
 DEFAULT_TREES = {"chain": "4", "tree": "2,1,1", "ucb": None, "none": None}
 
@@ -52,7 +52,8 @@ METHODS: dict[str, Method] = build_methods()
 # (docs/method.md, "Trim the tree by confidence"), so nodes below it cost a verification row they rarely repay.
 MIN_BRANCH_Q = 0.05
 LOOKUP_BRANCH = 6  # tokens of a prompt-lookup branch, when one is asked for without a length
-REWARDS = ("throughput", "paper")
+REWARDS = ("pooled", "throughput", "paper")
+LAMBDA_UCB = {"pooled": 0.1, "throughput": 0.3, "paper": 0.3}  # each reward's default λ_UCB
 BANDIT_SCOPES = ("session", "prompt")  # one bandit for a whole session (or benchmark run), or one per prompt
 
 
@@ -65,11 +66,15 @@ class GenerationConfig:
     top_p: float = 1.0
     max_new_tokens: int = 128
     seed: int = 0
-    lambda_ucb: float = 0.3  # λ_UCB, weight of the exploration term (see DEFAULT_ARMS)
+    lambda_ucb: float | None = None  # λ_UCB, weight of the exploration term; None: the reward's (LAMBDA_UCB)
     lambda_gamma: float = 0.1  # λ_γ, depth penalty of the paper's reward
-    reward: str = "throughput"  # "throughput" (the round's measured cost counts) or "paper"
+    reward: str = "pooled"  # "pooled" or "throughput" (the round's measured cost counts), or "paper"
     lookup_branch: int = 0  # mamba-*/tf-*: graft up to this many tokens copied from the context onto each tree
     min_branch_q: float = MIN_BRANCH_Q  # trim each tree by the drafter's confidence (`Sampler`); 0: whole shapes
+
+    def __post_init__(self) -> None:
+        if self.lambda_ucb is None:
+            self.lambda_ucb = LAMBDA_UCB.get(self.reward, 0.0)  # an unknown reward is refused by `validate`
 
     @property
     def spec(self) -> Method:

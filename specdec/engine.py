@@ -18,7 +18,7 @@ import psutil
 import torch
 
 from specdec import registry
-from specdec.bandit import UCBBandit
+from specdec.bandit import UCBBandit, depth_outcomes
 from specdec.config import GenerationConfig
 from specdec.drafters import Drafter, DraftTree, LookupBranch, Sampler
 from specdec.kvcache import TreeLM
@@ -142,6 +142,8 @@ def _setup(models: Models, prompt: str, config: GenerationConfig, chat: bool,
         bandit = UCBBandit.for_config(config)
     elif not bandit.matches(config):
         raise ValueError("the bandit passed in was made for other arms or reward settings")
+    else:
+        bandit.new_prompt()
     eos = target.model.generation_config.eos_token_id
     generator = torch.Generator(device=target.device).manual_seed(config.seed)
     sampler = Sampler(config.temperature, config.top_p, generator, config.min_branch_q)
@@ -201,7 +203,8 @@ def _round(g: _Generation) -> _Round:
     g.new_ids.extend(emitted_ids)
     round_s = time.perf_counter() - t_round
     if g.bandit:
-        g.bandit.observe(arm, len(emitted_ids), tree.shape.depth, round_s)
+        g.bandit.observe(arm, len(emitted_ids), tree.shape.depth, round_s,
+                         depth_outcomes(tree.parents, acc.path, tree.shape.widths))
     g.rounds += 1
     g.accepted += len(acc.path) - 1
     g.tested += acc.tested_depths

@@ -53,7 +53,7 @@ class ArmStat:
 class BanditSnapshot:
     arms: list[ArmStat]
     chosen: int  # index into `arms` of the arm used this round
-    reward_kind: str  # "paper" or "throughput"
+    reward_kind: str  # "pooled", "throughput" or "paper"
     last_reward: float | None = None  # reward credited to `chosen` after this round
 
 

@@ -3,7 +3,8 @@ import random
 
 import pytest
 
-from specdec.bandit import DISCOUNT, UCBBandit, paper_reward
+from specdec.bandit import (ACCEPT_MEMORY, DISCOUNT, NEW_PROMPT_KEEP, UCBBandit, depth_outcomes,
+                            paper_reward)
 from specdec.config import GenerationConfig
 from specdec.tree import parse_arms
 
@@ -59,58 +60,115 @@ def test_throughput_is_each_arms_tokens_over_its_seconds_normalised_by_the_best(
         bandit.update(0, 1.0)
 
 
-def _stand_in_round(shape, pays: bool, rng: random.Random) -> tuple[int, float]:
-    """One round of a stand-in engine: (tokens emitted, seconds). A target step takes 50 ms; verifying a tree
-    costs more per node and drafting costs per level, in steps; each level's guess is kept with a fixed
-    probability. Where drafting does not pay, each drafted token is often kept (so the paper's reward, which counts
-    target passes per token, prefers drafting) but every verified node costs a third of a step."""
-    keep, per_node, per_level = (0.8, 0.02, 0.01) if pays else (0.55, 0.3, 0.08)
+DEAR, CHEAP = (0.3, 0.08), (0.04, 0.05)  # a machine's cost of verifying a node and of drafting a level, in steps
+
+
+def test_depth_outcomes_follow_the_accepted_path():
+    """A (2,1) tree with a copied branch grafted under node 3, past the shape: nodes 5 and 6."""
+    parents = [-1, 0, 0, 1, 2, 3, 5]
+    assert depth_outcomes(parents, [0, 1, 3, 5], (2, 1)) == [(1, 2, True, True), (2, 1, True, True),
+                                                              (3, 0, True, True), (4, 0, False, False)]
+    assert depth_outcomes(parents, [0, 2], (2, 1)) == [(1, 2, True, False), (2, 1, False, False)]
+    assert depth_outcomes(parents, [0], (2, 1)) == [(1, 2, False, False)]
+
+
+def test_pooled_predicts_each_shapes_tokens_from_every_drafting_round():
+    """The chance to go on at each depth is learnt from rounds of any shape, with a prior (FIRST_PRIOR: 0.5 over
+    one round; OTHER_PRIOR: 0.2 over one) and older drafting rounds weighed by ACCEPT_MEMORY; a shape's tokens per
+    round are 1 + the chances of reaching each of its depths."""
+    bandit = UCBBandit(parse_arms("0; 2; 2,1"), reward_kind="pooled")
+    bandit.observe(0, 1, 0, 0.05)
+    assert bandit.first.counts == {}  # a plain step says nothing about the drafter
+    bandit.observe(1, 2, 2, 0.06, [(1, 1, True, True), (2, 1, False, False)])
+    assert bandit.tokens_per_round(1) == pytest.approx(1 + 0.75 + 0.75 * 0.25)  # depth 1: 1.5 / 2; depth 2: 0.5 / 2
+    assert bandit.tokens_per_round(2) == pytest.approx(1 + 0.8 + 0.8 * 0.25)  # two children: 0.75 + 0.25 * 0.2
+    bandit.observe(2, 2, 2, 0.07, [(1, 2, True, False), (2, 1, False, False)])  # the second child kept
+    m = ACCEPT_MEMORY
+    first1, first2, other1 = (m + 0.5) / (m + 1 + 1), 0.5 / (m + 1 + 1), (1 + 0.2) / (1 + 1)
+    reach1 = first1 + (1 - first1) * other1
+    assert bandit.tokens_per_round(2) == pytest.approx(1 + reach1 + reach1 * first2)
+    assert bandit.tokens_per_round(0) == 1.0
+    rates = [bandit.tokens_per_round(k) / s for k, s in enumerate((0.05, 0.06, 0.07))]
+    assert bandit.means() == pytest.approx([r / max(rates) for r in rates])
+    bandit.new_prompt()  # earlier text counts for less: the chances move toward the priors
+    assert bandit.first.counts[(1, 0)] == pytest.approx([(m + 1) * NEW_PROMPT_KEEP, m * NEW_PROMPT_KEEP])
+    with pytest.raises(ValueError, match="outcomes"):
+        bandit.observe(1, 1, 2, 0.06)
+
+
+def _stand_in_round(shape, keep: float, machine: tuple[float, float], rng: random.Random) -> tuple[int, float, list]:
+    """One round of a stand-in engine: (tokens emitted, seconds, depth outcomes). A target step takes 50 ms;
+    verifying a tree costs more per node and drafting costs per level (`machine`, in steps); each level's first
+    guess is kept with probability `keep` (the text: how well the drafter guesses it)."""
+    per_node, per_level = machine
     depth = 0
     while depth < shape.depth and rng.random() < keep:
         depth += 1
     seconds = 0.05 * (1 + per_node * shape.num_drafted + per_level * shape.depth)
-    return depth + 1, seconds * rng.uniform(0.9, 1.1)  # the machine's timing noise
+    parents, path = shape.parents, [0]
+    for _ in range(depth):  # down the first child of each level
+        path.append(parents.index(path[-1]))
+    outcomes = depth_outcomes(parents, path, shape.widths) if shape.depth else []
+    return depth + 1, seconds * rng.uniform(0.9, 1.1), outcomes  # the machine's timing noise
 
 
-def _run(config: GenerationConfig, phases: list[bool], seed: int = 1) -> tuple[list[int], list[float]]:
-    """The bandit of `config` on the stand-in engine, one phase of 200 rounds per entry (drafting pays or not).
-    -> (the arm of every round, each phase's tokens per second over the target alone's)."""
+def _run(config: GenerationConfig, phases: list[tuple[float, tuple[float, float]]], seed: int = 1,
+         prompt_rounds: int | None = None) -> tuple[list[int], list[float]]:
+    """The bandit of `config` on the stand-in engine, one phase of 200 rounds per (keep, machine), a new prompt
+    every `prompt_rounds` rounds. -> (the arm of every round, each phase's tokens per second over the target
+    alone's)."""
     rng, bandit, chosen, speed = random.Random(seed), UCBBandit.for_config(config), [], []
-    for pays in phases:
+    for keep, machine in phases:
         tokens = seconds = 0.0
         for _ in range(200):
+            if prompt_rounds and chosen and len(chosen) % prompt_rounds == 0:
+                bandit.new_prompt()
             arm = bandit.select()
-            emitted, took = _stand_in_round(bandit.arms[arm], pays, rng)
-            bandit.observe(arm, emitted, bandit.arms[arm].depth, took)
+            emitted, took, outcomes = _stand_in_round(bandit.arms[arm], keep, machine, rng)
+            bandit.observe(arm, emitted, bandit.arms[arm].depth, took, outcomes)
             chosen.append(arm)
             tokens, seconds = tokens + emitted, seconds + took
         speed.append(tokens / seconds * 0.05)  # the target alone: one token per 50 ms step
     return chosen, speed
 
 
-def test_the_default_bandit_never_loses_much_to_the_target_alone():
-    """With the defaults (`mamba-ucb`: arms 0; 3; 2,1,1; 2,1,1,1, the throughput reward), on a stand-in engine
-    whose drafting never pays the bandit keeps near the target alone's speed (what it loses is exploration), and
-    where drafting pays it drafts; the paper's reward, blind to what a round costs, keeps drafting at a loss."""
+@pytest.mark.parametrize("reward", ["pooled", "throughput"])
+def test_a_bandit_that_counts_seconds_never_loses_much_to_the_target_alone(reward):
+    """With the default arms (0; 3; 2,1,1; 2,1,1,1), on a stand-in machine where verification is dear, so that
+    drafting never pays although each drafted token is often kept, the bandit keeps near the target alone's speed
+    (what it loses is exploration); where drafting pays it drafts. The paper's reward, which counts target passes
+    per token and not what they cost, keeps drafting at a loss."""
     ours, paper = [], []
     for seed in (1, 2, 3, 4):
-        chosen, (loses, pays) = _run(GenerationConfig(method="mamba-ucb"), [False, True], seed)
-        assert chosen[:200].count(0) > 80 and chosen[230:].count(0) < 20, seed
-        assert loses > 0.8 and pays > 2.4, seed
+        config = GenerationConfig(method="mamba-ucb", reward=reward)
+        chosen, (loses,) = _run(config, [(0.55, DEAR)], seed)
+        assert chosen.count(0) > 80 and loses > 0.8, seed
+        chosen, (pays,) = _run(config, [(0.8, CHEAP)], seed)
+        assert chosen[30:].count(0) < 20 and pays > 1.8, seed
         ours.append(loses)
-        chosen, (loses, _) = _run(GenerationConfig(method="mamba-ucb", reward="paper"), [False, True], seed)
-        assert chosen[:200].count(0) < 40, seed
+        chosen, (loses,) = _run(GenerationConfig(method="mamba-ucb", reward="paper"), [(0.55, DEAR)], seed)
+        assert chosen.count(0) < 40, seed
         paper.append(loses)
     assert sum(paper) / 4 < sum(ours) / 4 - 0.08  # the control: counting passes, not seconds, costs speed here
 
 
-def test_the_throughput_bandit_follows_the_prompt_at_hand():
-    """A session-long bandit: drafting pays for 200 rounds, then not (a text the drafter cannot guess), then it
-    pays again. The discounted throughput moves to arm 0 and back; without the discount it stays longer on arms
-    that paid before."""
-    chosen, (first, loses, again) = _run(GenerationConfig(method="mamba-ucb"), [True, False, True])
-    assert first > 2.4 and again > 2.4 and chosen[250:400].count(0) > 60
-    assert loses > 0.8
+def test_the_pooled_bandit_follows_the_text_at_hand_faster():
+    """A session-long bandit on one machine, a new prompt every 50 rounds: the drafter guesses the text well for
+    200 rounds, then hardly ever (a text it cannot guess: every drafting arm loses), then well again. Both
+    bandits that count seconds move to arm 0 and back; the pooled one, which learns how the guesses fare from
+    every drafting round whatever its shape, moves sooner and loses less meanwhile (each with its default
+    λ_UCB)."""
+    phases = [(0.8, CHEAP), (0.1, CHEAP), (0.8, CHEAP)]
+    lost = {}
+    for reward in ("pooled", "throughput"):
+        lost[reward] = []
+        for seed in (1, 2, 3, 4):
+            chosen, (first, loses, again) = _run(GenerationConfig(method="mamba-ucb", reward=reward), phases, seed,
+                                                 prompt_rounds=50)
+            assert first > 1.8 and again > 1.8 and chosen[250:400].count(0) > 60, (reward, seed)
+            lost[reward].append(1 - loses)
+    assert all(x < 0.08 for x in lost["pooled"]), lost
+    assert sum(lost["pooled"]) < 0.5 * sum(lost["throughput"]), lost
 
 
 def test_the_default_exploration_recovers_from_an_unlucky_first_pull():

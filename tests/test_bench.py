@@ -89,15 +89,16 @@ def test_lookup_branch_suffix(tiny_models, prompts):
 
 def test_bandit_settings_per_method(tiny_models, prompts):
     assert bench.parse_method("mamba-ucb@throughput") == ("mamba-ucb", None, "throughput", 0, None)
-    methods = ["ar", "mamba-ucb", "mamba-ucb@paper"]
+    methods = ["ar", "mamba-ucb", "mamba-ucb@throughput", "mamba-ucb@paper"]
     result = bench.benchmark(tiny_models, prompts[:2], methods, max_new_tokens=10, arms="0; 2,1",
                              log=lambda _: None)
-    assert result["config"]["arms"] == "0; 2,1" and result["config"]["reward"] == "throughput"
+    assert result["config"]["arms"] == "0; 2,1" and result["config"]["reward"] == "pooled"
+    assert result["config"]["lambda_ucb"] == 0.1  # the pooled reward's default
     assert result["config"]["bandit_scope"] == "session"
     for name in methods[1:]:
         assert result["methods"][name]["identical_to_ar"] is True
         assert set(result["methods"][name]["bandit_rounds"]) <= {"none", "(2,1)"}
-    assert [result["methods"][m]["reward"] for m in methods] == [None, "throughput", "paper"]
+    assert [result["methods"][m]["reward"] for m in methods] == [None, "pooled", "throughput", "paper"]
     assert result["methods"]["ar"]["bandit_rounds"] is None
     assert "mamba-ucb (one bandit for the whole run), rounds per arm:" in bench.markdown_table(result)
 
