@@ -8,9 +8,10 @@ Rewards (`value_k` is the arm's mean reward):
                 round whatever its shape) over the seconds a round of that arm takes (measured), divided by
                 the best arm's, so values lie in (0, 1]. The cost of a shape is a fact about the machine and
                 changes slowly (COST_DISCOUNT); how well the drafter guesses is a fact about the text: it is
-                pooled over all shapes, forgets fast (ACCEPT_MEMORY, a drafting round at a time) and counts
-                for less when a new prompt starts (NEW_PROMPT_KEEP). So on a text the drafter cannot guess,
-                every drafting arm falls at once, after a few rounds of any of them, and arm "0" wins.
+                pooled over all shapes, forgets fast (ACCEPT_MEMORY a drafting round, IDLE_MEMORY a round of
+                arm "0") and counts for less when a new prompt starts (NEW_PROMPT_KEEP). So on a text the
+                drafter cannot guess, every drafting arm falls at once, after a few rounds of any of them, and
+                arm "0" wins.
     throughput  the arm's measured tokens per second: the tokens its rounds emitted over the seconds they took,
                 divided by the best arm's. Every round weighs past rounds by DISCOUNT (discounted UCB). Each
                 arm learns from its own rounds only.
@@ -29,8 +30,9 @@ from specdec.tree import TreeShape
 
 DISCOUNT = 0.97  # throughput: the weight of a round one round older (a memory of about 1 / (1 - 0.97) rounds)
 COST_DISCOUNT = 0.99  # pooled: the same for an arm's seconds per round and its pulls (costs change slowly)
-ACCEPT_MEMORY = 0.8  # pooled: the weight of a drafting round's depth outcomes one drafting round older
-NEW_PROMPT_KEEP = 0.3  # pooled: the weight left to the depth outcomes of earlier prompts when a new one starts
+ACCEPT_MEMORY = 0.9  # pooled: the weight of a drafting round's depth outcomes one drafting round older
+IDLE_MEMORY = 0.97  # pooled: the same, one round of arm "0" older
+NEW_PROMPT_KEEP = 0.1  # pooled: the weight left to the depth outcomes of earlier prompts when a new one starts
 FIRST_PRIOR = (0.5, 1.0)  # pooled: (mean, weight in rounds) of the chance that a depth's first child is kept
 OTHER_PRIOR = (0.2, 1.0)  # pooled: the same for a sibling being kept when the first child is not
 
@@ -196,8 +198,8 @@ class UCBBandit:
         if self.reward_kind == "paper":
             self.update(arm, paper_reward(n_accept, depth, self.lambda_gamma))
             return
-        if self.reward_kind == "pooled" and self.arms[arm].depth:
-            if not outcomes:
+        if self.reward_kind == "pooled":
+            if self.arms[arm].depth and not outcomes:
                 raise ValueError("a pooled bandit learns a drafting round from its depth outcomes: pass outcomes")
             self._learn_depths(outcomes)
         discount = COST_DISCOUNT if self.reward_kind == "pooled" else DISCOUNT
@@ -212,8 +214,11 @@ class UCBBandit:
         self.last = (arm, n_accept / max(seconds, 1e-9))
 
     def _learn_depths(self, outcomes: Sequence[DepthOutcome]) -> None:
+        """A drafting round fades what earlier rounds showed (ACCEPT_MEMORY) and adds its outcomes; a round of arm
+        "0" fades it more slowly (IDLE_MEMORY), so that while no arm drafts the chances drift back to their priors
+        and a drafting arm is tried again: a few unlucky rounds do not settle the question for good."""
         for rates in (self.first, self.other, self.beyond):
-            rates.scale(ACCEPT_MEMORY)
+            rates.scale(ACCEPT_MEMORY if outcomes else IDLE_MEMORY)
         for depth, width, kept, first in outcomes:
             if width == 0:
                 self.beyond.add((depth, 0), kept)
