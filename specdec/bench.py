@@ -404,6 +404,7 @@ def markdown_table(result: dict) -> str:
                 + f" ({c.get('drafter_dtype', c['dtype'])}); "
                 f"{c['prompts']} prompts x {c['repeats']}, "
                 f"{c['max_new_tokens']} new tokens, temperature {c['temperature']}.")
+    rows += per_prompt_rows(result)
     scope = "one bandit for the whole run" if c.get("bandit_scope") == "session" else "a fresh bandit per prompt"
     for name, r in result["methods"].items():
         if r.get("bandit_rounds"):
@@ -416,6 +417,24 @@ def markdown_table(result: dict) -> str:
             diffs = ", ".join(f"{k} at {d}" for k, d in r["vs_hf_ar"]["first_difference"].items())
             rows.append(f"\n{name} differs from hf-ar on: {diffs}.")
     return "\n".join(rows)
+
+
+def per_prompt_rows(result: dict) -> list[str]:
+    """Each method's tokens per second on each prompt over `ar`'s, their mean, the lowest and how many fall
+    below 0.95 (a bandit that never loses keeps every prompt near 1 or above); nothing for a single prompt."""
+    ar = result["methods"].get("ar", {}).get("per_prompt_tokens_per_s") or {}
+    if len(ar) < 2 or not all(ar.values()):
+        return []
+    rows = ["\nPer prompt, tok/s over ar's:\n", "| method | " + " | ".join(ar) + " | mean | lowest | below 0.95 |",
+            "|---|" + "---|" * (len(ar) + 3)]
+    for name, r in result["methods"].items():
+        mine = r.get("per_prompt_tokens_per_s") or {}
+        if name == "ar" or set(mine) != set(ar):
+            continue
+        ratios = [mine[k] / ar[k] for k in ar]
+        rows.append(f"| {name} | " + " | ".join(f"{x:.2f}" for x in ratios) + f" | {sum(ratios) / len(ratios):.2f} | "
+                    f"{min(ratios):.2f} | {sum(x < 0.95 for x in ratios)} |")
+    return rows
 
 
 def write_csv(result: dict, path: str) -> None:

@@ -42,7 +42,14 @@ def test_benchmark_compares_methods(tiny_models, prompts):
         assert rows[name]["mean_accepted_len"] > 1.0 and rows[name]["acceptance_rate"] > 0
     assert rows["hf-ar"]["mean_accepted_len"] is None  # not measured for transformers' own loops
     table = bench.markdown_table(result)
-    assert table.count("\n| ") == len(methods) and "| mamba-tree:2,2 |" in table
+    main, _, rest = table.partition("Per prompt, tok/s over ar's:")
+    assert main.count("\n| ") == len(methods) and "| mamba-tree:2,2 |" in main
+    per_prompt = [line for line in rest.strip().split("\n\n")[0].splitlines()]
+    assert len(per_prompt) == 2 + len(methods) - 1  # header, rule, every method but ar
+    ar, mine = rows["ar"]["per_prompt_tokens_per_s"], rows["mamba-ucb"]["per_prompt_tokens_per_s"]
+    ratios = [mine[k] / ar[k] for k in ar]
+    assert f"| mamba-ucb | {' | '.join(f'{x:.2f}' for x in ratios)} | {sum(ratios) / len(ratios):.2f} | " \
+           f"{min(ratios):.2f} | {sum(x < 0.95 for x in ratios)} |" in per_prompt
 
 
 def test_aggregate_counts_and_compares_tokens():
