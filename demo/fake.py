@@ -79,7 +79,7 @@ def fake_generate(models: object, prompt: str, config: object, stop: threading.E
             rewards[chosen] += -1.0 / max(len(emitted), 1)
             stats = [ArmStat(shape_name(a), n, rewards[i] / n if n else None, None) for i, (a, n) in
                      enumerate(zip(ARMS, pulls, strict=True))]
-            bandit = BanditSnapshot(stats, chosen, getattr(config, "reward", "paper"), -1.0 / max(len(emitted), 1))
+            bandit = BanditSnapshot(stats, chosen, "paper", -1.0 / max(len(emitted), 1))
         rounds.append(RoundRecord(
             len(rounds), list(shape), shape_name(shape), nodes, emitted,
             sum(t.source == "draft" for t in emitted), draft_ms, verify_ms, draft_ms + verify_ms, emitted_total,

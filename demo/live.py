@@ -103,10 +103,13 @@ def settings_panel() -> dict:
         c["arms"] = gr.Textbox(DEFAULTS["arms"], label="Bandit arms", placeholder="e.g. 4; 2,2,1; 3,1,1",
                                info="Tree shapes the bandit chooses from, separated by ';'.")
         c["lambda_ucb"] = gr.Slider(0.0, 1.0, value=DEFAULTS["lambda_ucb"], step=0.05, label="λ_UCB",
-                                    info="Weight of exploration in the bandit's UCB score (0.1 suits the pooled "
-                                         "reward, 0.3 the others)")
+                                    elem_id="lambda-ucb", info="Weight of exploration in the bandit's UCB score "
+                                                               "(each reward sets its default: 0.1 pooled, 0.3 the "
+                                                               "others)")
         c["reward"] = gr.Radio([(f"{r}: {REWARD_TEXT[r]}", r) for r in REWARDS], value=DEFAULTS["reward"],
                                label="Bandit reward", elem_id="bandit-reward")
+        # picking a reward sets λ_UCB to that reward's default (the user may move it after)
+        c["reward"].input(LAMBDA_UCB.get, c["reward"], c["lambda_ucb"], api_name=False, queue=False)
         c["min_branch_q"] = gr.Slider(0.0, 0.9, value=DEFAULTS["min_branch_q"], step=0.01,
                                       label="Trim the tree by the drafter's confidence", elem_id="min-branch-q",
                                       info="A node gets children only while the drafter's probability of its branch "

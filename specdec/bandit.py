@@ -31,10 +31,11 @@ from specdec.tree import TreeShape
 DISCOUNT = 0.97  # throughput: the weight of a round one round older (a memory of about 1 / (1 - 0.97) rounds)
 COST_DISCOUNT = 0.99  # pooled: the same for an arm's seconds per round and its pulls (costs change slowly)
 ACCEPT_MEMORY = 0.9  # pooled: the weight of a drafting round's depth outcomes one drafting round older
-IDLE_MEMORY = 0.97  # pooled: the same, one round of arm "0" older
+IDLE_MEMORY = 0.9  # pooled: the same, one round of arm "0" older
 NEW_PROMPT_KEEP = 0.1  # pooled: the weight left to the depth outcomes of earlier prompts when a new one starts
 FIRST_PRIOR = (0.5, 1.0)  # pooled: (mean, weight in rounds) of the chance that a depth's first child is kept
 OTHER_PRIOR = (0.2, 1.0)  # pooled: the same for a sibling being kept when the first child is not
+BEYOND_PRIOR = (0.0, 1.0)  # pooled: the same for a grafted branch going on past the shape
 
 
 class DepthOutcome(NamedTuple):
@@ -85,10 +86,13 @@ class _Rates:
         mean, weight = prior
         return (successes + mean * weight) / (trials + weight)
 
-    def exact(self, key: tuple[int, int]) -> float | None:
-        """The rate at `key` alone, without a prior; None where nothing was seen."""
-        trials, successes = self.counts.get(key, (0.0, 0.0))
-        return successes / trials if trials > 0 else None
+    def exact(self, key: tuple[int, int], prior: tuple[float, float]) -> float | None:
+        """The rate at `key` alone, with a prior; None where nothing was seen."""
+        if key not in self.counts:
+            return None
+        trials, successes = self.counts[key]
+        mean, weight = prior
+        return (successes + mean * weight) / (trials + weight)
 
 
 def paper_reward(n_accept: int, depth: int, lambda_gamma: float) -> float:
@@ -144,7 +148,7 @@ class UCBBandit:
             reach *= first
             tokens += reach
         depth = len(widths) + 1
-        while widths and (on := self.beyond.exact((depth, 0))):  # a grafted branch past the shape goes on
+        while widths and (on := self.beyond.exact((depth, 0), BEYOND_PRIOR)):  # a graft past the shape goes on
             reach *= on
             tokens += reach
             depth += 1
@@ -201,7 +205,7 @@ class UCBBandit:
         if self.reward_kind == "pooled":
             if self.arms[arm].depth and not outcomes:
                 raise ValueError("a pooled bandit learns a drafting round from its depth outcomes: pass outcomes")
-            self._learn_depths(outcomes)
+            self._learn_depths(outcomes if self.arms[arm].depth else ())
         discount = COST_DISCOUNT if self.reward_kind == "pooled" else DISCOUNT
         for k in range(len(self.arms)):  # every arm's past fades by one round
             self.reward_sums[k] *= discount
@@ -215,8 +219,8 @@ class UCBBandit:
 
     def _learn_depths(self, outcomes: Sequence[DepthOutcome]) -> None:
         """A drafting round fades what earlier rounds showed (ACCEPT_MEMORY) and adds its outcomes; a round of arm
-        "0" fades it more slowly (IDLE_MEMORY), so that while no arm drafts the chances drift back to their priors
-        and a drafting arm is tried again: a few unlucky rounds do not settle the question for good."""
+        "0" (no outcomes) fades it too (IDLE_MEMORY), so that while no arm drafts the chances drift back to their
+        priors and a drafting arm is tried again: a few unlucky rounds do not settle the question for good."""
         for rates in (self.first, self.other, self.beyond):
             rates.scale(ACCEPT_MEMORY if outcomes else IDLE_MEMORY)
         for depth, width, kept, first in outcomes:

@@ -307,6 +307,8 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
     results = {name: {**_aggregate(runs[name], runs["ar"] if spec.base != FLOAT32_AR else None, greedy,
                                    spec.base not in HF_METHODS),
                       "reward": (spec.reward or reward) if spec.base.endswith("-ucb") else None,
+                      "lambda_ucb": (lambda_ucb if lambda_ucb is not None else LAMBDA_UCB[spec.reward or reward])
+                      if spec.base.endswith("-ucb") else None,
                       "lookup_branch": spec.lookup_branch, "min_branch_q": _trim(spec, min_branch_q)}
                for name, spec in zip(methods, parsed)}
     kinds = list(dict.fromkeys(item.get("kind", "") for item in prompts))
@@ -331,7 +333,7 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
         "drafter_dtype": str(models.drafter_dtype).removeprefix("torch."), "max_new_tokens": max_new_tokens,
         "temperature": temperature, "repeats": repeats, "prompts": len(prompts), "lookup_tokens": lookup_tokens,
         "bandit_scope": bandit_scope, "arms": arms or DEFAULT_ARMS, "reward": reward,
-        "lambda_ucb": lambda_ucb if lambda_ucb is not None else LAMBDA_UCB[reward],
+        "lambda_ucb": lambda_ucb,  # None: each method's reward's default (its row's lambda_ucb)
         "min_branch_q": min_branch_q if min_branch_q is not None else GenerationConfig.min_branch_q,
         "torch_threads": torch.get_num_threads()}, "methods": results}
 

@@ -29,7 +29,8 @@ class Method:
 # Default shapes are sized for a CPU, where a verification pass grows with the tree (`python -m specdec bench
 # --cost-curve 400,2000`, docs/benchmarks.md); "0" is a plain target step, for when drafting does not pay. The
 # rewards span about 1; λ_UCB is 0.3 where each arm learns from its own rounds alone, 0.1 for the pooled reward,
-# whose values are steadier (docs/method.md, "Choose the next tree shape"); the arms were chosen with fixed-shape runs, e.g. `python -m specdec bench --methods "ar,mamba-tree:3,mamba-tree:2;1;1,mamba-tree:2;1;1;1"`.
+# whose values are steadier (docs/method.md, "Choose the next tree shape"); the arms were chosen with fixed-shape
+# runs, e.g. `python -m specdec bench --methods "ar,mamba-tree:3,mamba-tree:2;1;1,mamba-tree:2;1;1;1"`.
 DEFAULT_ARMS = "0; 3; 2,1,1; 2,1,1,1"
 DEFAULT_TREES = {"chain": "4", "tree": "2,1,1", "ucb": None, "none": None}
 

@@ -100,7 +100,8 @@ def test_bandit_settings_per_method(tiny_models, prompts):
     result = bench.benchmark(tiny_models, prompts[:2], methods, max_new_tokens=10, arms="0; 2,1",
                              log=lambda _: None)
     assert result["config"]["arms"] == "0; 2,1" and result["config"]["reward"] == "pooled"
-    assert result["config"]["lambda_ucb"] == 0.1  # the pooled reward's default
+    assert result["config"]["lambda_ucb"] is None  # each reward's default, in each method's row
+    assert [result["methods"][m]["lambda_ucb"] for m in methods] == [None, 0.1, 0.3, 0.3]
     assert result["config"]["bandit_scope"] == "session"
     for name in methods[1:]:
         assert result["methods"][name]["identical_to_ar"] is True

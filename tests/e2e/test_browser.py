@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import expect
 
 from demo.colours import swatch_for_source
 from tests.app_process import running_app
@@ -47,6 +48,7 @@ def test_generate_streams_tokens_tree_and_plots(page):
     page.get_by_text("Advanced", exact=True).click()  # the paper's reward: the rounds do not depend on timings
     page.locator("#bandit-reward label").filter(has_text="paper").click()
     assert page.locator("#bandit-reward input[value=paper]").is_checked()
+    expect(page.locator("#lambda-ucb input[type=number]")).to_have_value("0.3")  # the paper's reward's default
     trim = page.locator("#min-branch-q input[type=number]")
     assert float(trim.input_value()) == 0.05  # the engine's default
     trim.fill("0")  # whole shapes
@@ -69,7 +71,7 @@ def test_generate_streams_tokens_tree_and_plots(page):
     with page.expect_download() as download:
         page.locator("#export-btn").click()
     data = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
-    assert data["settings"]["min_branch_q"] == 0
+    assert data["settings"]["min_branch_q"] == 0 and data["settings"]["lambda_ucb"] == 0.3
     assert data["summary"]["new_tokens"] == tokens.count() == len(data["rounds"][-1]["emitted"]) + sum(
         len(r["emitted"]) for r in data["rounds"][:-1])
     last = data["rounds"][-1]
