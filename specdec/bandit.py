@@ -8,8 +8,8 @@ Rewards (`value_k` is the arm's mean reward):
                 round whatever its shape) over the seconds a round of that arm takes (measured), divided by
                 the best arm's, so values lie in (0, 1]. The cost of a shape is a fact about the machine and
                 changes slowly (COST_DISCOUNT); how well the drafter guesses is a fact about the text: it is
-                pooled over all shapes, forgets fast (ACCEPT_MEMORY a drafting round, IDLE_MEMORY a round of
-                arm "0") and counts for less when a new prompt starts (NEW_PROMPT_KEEP). So on a text the
+                pooled over all shapes, forgets fast (ACCEPT_MEMORY a round, drafting or not) and counts for
+                less when a new prompt starts (NEW_PROMPT_KEEP). So on a text the
                 drafter cannot guess, every drafting arm falls at once, after a few rounds of any of them, and
                 arm "0" wins.
     throughput  the arm's measured tokens per second: the tokens its rounds emitted over the seconds they took,
@@ -26,12 +26,12 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from specdec.records import ArmStat, BanditSnapshot
+from specdec.sampling import children_of
 from specdec.tree import TreeShape
 
 DISCOUNT = 0.97  # throughput: the weight of a round one round older (a memory of about 1 / (1 - 0.97) rounds)
 COST_DISCOUNT = 0.99  # pooled: the same for an arm's seconds per round and its pulls (costs change slowly)
-ACCEPT_MEMORY = 0.9  # pooled: the weight of a drafting round's depth outcomes one drafting round older
-IDLE_MEMORY = 0.9  # pooled: the same, one round of arm "0" older
+ACCEPT_MEMORY = 0.9  # pooled: the weight of a round's depth outcomes one round (drafting or not) older
 NEW_PROMPT_KEEP = 0.1  # pooled: the weight left to the depth outcomes of earlier prompts when a new one starts
 FIRST_PRIOR = (0.5, 1.0)  # pooled: (mean, weight in rounds) of the chance that a depth's first child is kept
 OTHER_PRIOR = (0.2, 1.0)  # pooled: the same for a sibling being kept when the first child is not
@@ -49,11 +49,13 @@ class DepthOutcome(NamedTuple):
 
 def depth_outcomes(parents: Sequence[int], path: Sequence[int], widths: Sequence[int]) -> list[DepthOutcome]:
     """A verified tree (`parents`, -1 for the root) and its accepted path (node indices from the root) -> one
-    outcome per depth the path reached, and the depth where it stopped."""
-    out = []
+    outcome per depth the path reached, and the depth where it stopped; none for the root alone (nothing drafted)."""
+    if len(parents) == 1:
+        return []
+    children, out = children_of(parents), []
     for depth in range(1, len(parents) + 1):
         kept = depth < len(path)
-        first = kept and next(i for i, p in enumerate(parents) if p == path[depth - 1]) == path[depth]
+        first = kept and children[path[depth - 1]][0] == path[depth]
         out.append(DepthOutcome(depth, widths[depth - 1] if depth <= len(widths) else 0, kept, first))
         if not kept:
             break
@@ -76,21 +78,14 @@ class _Rates:
             c[0] *= factor
             c[1] *= factor
 
-    def rate(self, depth: int, width: int, prior: tuple[float, float]) -> float:
-        """The rate at (depth, width), else at the nearest shallower depth seen, else the prior."""
-        trials = successes = 0.0
-        for d in range(depth, 0, -1):
-            if (d, width) in self.counts:
-                trials, successes = self.counts[(d, width)]
-                break
-        mean, weight = prior
-        return (successes + mean * weight) / (trials + weight)
-
-    def exact(self, key: tuple[int, int], prior: tuple[float, float]) -> float | None:
-        """The rate at `key` alone, with a prior; None where nothing was seen."""
-        if key not in self.counts:
+    def rate(self, depth: int, width: int, prior: tuple[float, float], shallower: bool = True) -> float | None:
+        """The rate at (depth, width), else (`shallower`) at the nearest shallower depth seen, else the prior;
+        None where nothing was seen and `shallower` is off."""
+        seen = next(((d, width) for d in (range(depth, 0, -1) if shallower else (depth,)) if (d, width) in self.counts),
+                    None)
+        if seen is None and not shallower:
             return None
-        trials, successes = self.counts[key]
+        trials, successes = self.counts.get(seen, (0.0, 0.0))
         mean, weight = prior
         return (successes + mean * weight) / (trials + weight)
 
@@ -148,7 +143,7 @@ class UCBBandit:
             reach *= first
             tokens += reach
         depth = len(widths) + 1
-        while widths and (on := self.beyond.exact((depth, 0), BEYOND_PRIOR)):  # a graft past the shape goes on
+        while widths and (on := self.beyond.rate(depth, 0, BEYOND_PRIOR, shallower=False)):  # a graft goes on
             reach *= on
             tokens += reach
             depth += 1
@@ -163,17 +158,17 @@ class UCBBandit:
         return [tokens / max(s, 1e-9) if n else None for tokens, s, n in zip(self.reward_sums, self.seconds,
                                                                              self.pulls)]
 
-    @property
-    def _scale(self) -> float:
-        """throughput, pooled: the best arm's tokens per second (1 for the paper's reward)."""
+    def _scale(self, rates: list[float | None] | None = None) -> float:
+        """throughput, pooled: the best arm's tokens per second, of `rates` when given (1 for the paper's reward)."""
         if self.reward_kind == "paper":
             return 1.0
-        return max((r for r in self._rates() if r is not None), default=0.0) or 1.0
+        return max((r for r in rates or self._rates() if r is not None), default=0.0) or 1.0
 
     def means(self) -> list[float | None]:
         if self.reward_kind != "paper":
-            scale = self._scale
-            return [r / scale if r is not None else None for r in self._rates()]
+            rates = self._rates()
+            scale = self._scale(rates)
+            return [r / scale if r is not None else None for r in rates]
         return [s / n if n else None for s, n in zip(self.reward_sums, self.pulls)]
 
     def ucb_values(self) -> list[float | None]:
@@ -205,7 +200,7 @@ class UCBBandit:
         if self.reward_kind == "pooled":
             if self.arms[arm].depth and not outcomes:
                 raise ValueError("a pooled bandit learns a drafting round from its depth outcomes: pass outcomes")
-            self._learn_depths(outcomes if self.arms[arm].depth else ())
+            self._learn_depths(outcomes)
         discount = COST_DISCOUNT if self.reward_kind == "pooled" else DISCOUNT
         for k in range(len(self.arms)):  # every arm's past fades by one round
             self.reward_sums[k] *= discount
@@ -218,11 +213,11 @@ class UCBBandit:
         self.last = (arm, n_accept / max(seconds, 1e-9))
 
     def _learn_depths(self, outcomes: Sequence[DepthOutcome]) -> None:
-        """A drafting round fades what earlier rounds showed (ACCEPT_MEMORY) and adds its outcomes; a round of arm
-        "0" (no outcomes) fades it too (IDLE_MEMORY), so that while no arm drafts the chances drift back to their
-        priors and a drafting arm is tried again: a few unlucky rounds do not settle the question for good."""
+        """Every round fades what earlier rounds showed (ACCEPT_MEMORY), a round of arm "0" (no outcomes) too, so
+        that while no arm drafts the chances drift back to their priors and a drafting arm is tried again: a few
+        unlucky rounds do not settle the question for good. A drafting round adds its outcomes."""
         for rates in (self.first, self.other, self.beyond):
-            rates.scale(ACCEPT_MEMORY if outcomes else IDLE_MEMORY)
+            rates.scale(ACCEPT_MEMORY)
         for depth, width, kept, first in outcomes:
             if width == 0:
                 self.beyond.add((depth, 0), kept)
@@ -243,5 +238,5 @@ class UCBBandit:
 
     def snapshot(self, chosen: int) -> BanditSnapshot:
         stats = [ArmStat(a.name, n, m, u) for a, n, m, u in zip(self.arms, self.pulls, self.means(), self.ucb_values())]
-        last_reward = self.last[1] / self._scale if self.last else None
+        last_reward = self.last[1] / self._scale() if self.last else None
         return BanditSnapshot(stats, chosen, self.reward_kind, last_reward)

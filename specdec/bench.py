@@ -29,8 +29,7 @@ import psutil
 import torch
 
 from specdec.bandit import UCBBandit
-from specdec.config import (BANDIT_SCOPES, DEFAULT_ARMS, LAMBDA_UCB, LOOKUP_BRANCH, METHODS, REWARDS,
-                            GenerationConfig)
+from specdec.config import BANDIT_SCOPES, DEFAULT_ARMS, LOOKUP_BRANCH, METHODS, REWARDS, GenerationConfig
 from specdec.engine import encode_prompt, generate
 from specdec.models import Models
 from specdec.passages import LONG_TOPICS, long_passage, summary_prompt
@@ -307,7 +306,7 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
     results = {name: {**_aggregate(runs[name], runs["ar"] if spec.base != FLOAT32_AR else None, greedy,
                                    spec.base not in HF_METHODS),
                       "reward": (spec.reward or reward) if spec.base.endswith("-ucb") else None,
-                      "lambda_ucb": (lambda_ucb if lambda_ucb is not None else LAMBDA_UCB[spec.reward or reward])
+                      "lambda_ucb": GenerationConfig(reward=spec.reward or reward, **exploration).lambda_ucb
                       if spec.base.endswith("-ucb") else None,
                       "lookup_branch": spec.lookup_branch, "min_branch_q": _trim(spec, min_branch_q)}
                for name, spec in zip(methods, parsed)}
