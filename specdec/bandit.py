@@ -49,8 +49,9 @@ class DepthOutcome(NamedTuple):
 
 def depth_outcomes(parents: Sequence[int], path: Sequence[int], widths: Sequence[int]) -> list[DepthOutcome]:
     """A verified tree (`parents`, -1 for the root) and its accepted path (node indices from the root) -> one
-    outcome per depth the path reached, and the depth where it stopped; none for the root alone (nothing drafted)."""
-    if len(parents) == 1:
+    outcome per depth the path reached, and the depth where it stopped; none for arm "0" (no `widths`), but a
+    failure at depth 1 for a drafting shape whose tree was trimmed to its root."""
+    if not widths:
         return []
     children, out = children_of(parents), []
     for depth in range(1, len(parents) + 1):

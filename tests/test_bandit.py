@@ -69,6 +69,8 @@ def test_depth_outcomes_follow_the_accepted_path():
                                                               (3, 0, True, True), (4, 0, False, False)]
     assert depth_outcomes(parents, [0, 2], (2, 1)) == [(1, 2, True, False), (2, 1, False, False)]
     assert depth_outcomes(parents, [0], (2, 1)) == [(1, 2, False, False)]
+    assert depth_outcomes([-1], [0], (2, 1)) == [(1, 2, False, False)]  # a shape trimmed to its root: a failure
+    assert depth_outcomes([-1], [0], ()) == []  # arm "0": nothing drafted, nothing learnt
 
 
 def test_pooled_predicts_each_shapes_tokens_from_every_drafting_round():
