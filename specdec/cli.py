@@ -10,6 +10,7 @@ import sys
 from specdec.bench import LONG_LENGTHS
 from specdec.config import BANDIT_SCOPES, DEFAULT_ARMS, METHODS, REWARDS, GenerationConfig
 from specdec.models import DEFAULT_TARGET, ModelLoadError, Models
+from specdec.passages import licence_prompts
 from specdec.registry import KINDS, MODEL_KINDS
 from specdec.records import RoundRecord, Summary
 
@@ -117,6 +118,10 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                         "the Python docs cut at each length, e.g. --long 2500,4500,7500 (default "
                         f"{','.join(map(str, LONG_LENGTHS))}; --limit N: the first N passages a length), with a "
                         "table of where the time goes per length")
+    b.add_argument("--licences", action="store_true",
+                   help="instead of the prompt files: summaries of three licence texts of about 2,700 tokens "
+                        "(Debian's Apache-2.0, GPL-1 and GPL-2, which the distillation corpus holds out), with the "
+                        "table of where the time goes")
     b.add_argument("--out", default="results.json")
     b.add_argument("--csv", default=None)
     b.add_argument("--plot", default="context.html", help="where the context-length plot is written")
@@ -134,6 +139,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     from specdec import bench
 
+    if args.long and args.licences:
+        raise ValueError("--long and --licences are two prompt sets: pick one")
     models = Models(args.target, {name: getattr(args, KINDS[name].option) for name in MODEL_KINDS},
                     device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
                     cuda_graphs=False if args.no_cuda_graphs else None)
@@ -159,13 +166,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.long:
             lengths = [int(x) for x in args.long.split(",")]
             prompts = bench.long_prompts(models.target.tokenizer, lengths, bench.LONG_TOPICS[: args.limit or None])
+        elif args.licences:
+            prompts = licence_prompts()[: args.limit or None]
         else:
             prompts = bench.load_prompts(args.prompts, args.limit)
         result.update(bench.benchmark(models, prompts, methods, args.max_new_tokens, args.temperature, args.repeats,
                                       args.seed, args.lookup_tokens, args.bandit_scope, args.arms, args.reward,
                                       args.lambda_ucb, args.min_branch_q, log=log))
         print(bench.markdown_table(result))
-        if args.long:
+        if args.long or args.licences:
             print("\n" + bench.breakdown_table(result))
         if args.csv:
             bench.write_csv(result, args.csv)

@@ -196,3 +196,11 @@ def test_verification_cost_is_averaged_over_consecutive_positions(tiny_models, m
     assert starts == [39, 39] + [39, 39, 40, 40, 41, 41, 42, 42]  # the warm-up, then one position a repeat
     assert set(row["ms"]) == set(row["at_length"]) == {1, 3} and row["steps"][1] == 1.0
     assert "mean over 4 consecutive positions" in bench.cost_table(cost)
+
+
+def test_the_licence_and_long_prompt_sets_are_one_or_the_other(capsys):
+    from specdec import cli
+
+    assert cli.main(["bench", "--long", "--licences", "--methods", "ar"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "error: --long and --licences are two prompt sets: pick one" in err

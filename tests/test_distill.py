@@ -66,6 +66,53 @@ def test_prompts_are_reproducible_and_held_out():
     assert len(evals) == 3 * len(corpus.DOMAINS) and not train_texts & {p.text for p in evals}
 
 
+
+def test_long_prompts_are_reproducible_held_out_and_long():
+    first, second = corpus.long_prompts(20, 6, seed=3), corpus.long_prompts(20, 6, seed=3)
+    assert first == second and {p.domain for p in first} == {corpus.LONG_DOMAIN}
+    evals = [p for p in first if p.split == "eval"]
+    assert len(evals) == 6 and len(first) == 26 and not {p.text for p in evals} & {p.text for p in first[6:]}
+    docs = corpus.long_documents()
+    words = lambda text: " ".join(text.split())  # noqa: E731
+    split_docs = {split: [words(text) for key, text in docs if corpus.held_out(key) == (split == "eval")]
+                  for split in ("train", "eval")}
+    for prompt in first:
+        template = next(t for t in corpus.LONG_TEMPLATES if all(part in prompt.text for part in t.split("{text}")))
+        passage = prompt.text.replace(template.split("{text}")[0], "", 1).replace(template.split("{text}")[1], "")
+        assert corpus.LONG_CHARS[0] // 2 <= len(passage) <= corpus.LONG_CHARS[1]
+        # an eval passage comes from a held-out document, a training passage from another
+        assert any(words(passage) in text for text in split_docs[prompt.split])
+
+
+def test_long_documents_leave_out_the_measured_licences():
+    from specdec.passages import MEASURED_LICENCES, MEASURED_OVERLAP, LICENCES_FOLDER, licence_text, overlap, \
+        shingles
+
+    if not all((LICENCES_FOLDER / name).is_file() for name in MEASURED_LICENCES):
+        pytest.skip("this system has no copies of the measured licences to hold out")
+    measured = set().union(*(shingles(licence_text(name)) for name in MEASURED_LICENCES))
+    docs = corpus.long_documents()
+    assert docs and all(len(text) >= corpus.LONG_DOC_CHARS for _, text in docs)
+    assert max(overlap(text, measured) for _, text in docs) <= MEASURED_OVERLAP
+    assert not {f"licence:{name}" for name in MEASURED_LICENCES} & {key for key, _ in docs}
+    # the filter has work to do here: a close relative of GPL-2 shares a third of its shingles
+    assert overlap(licence_text("LGPL-2.1"), measured) > 0.2 if (LICENCES_FOLDER / "LGPL-2.1").is_file() else True
+
+
+def test_licence_prompts_are_the_start_of_each_measured_licence(tmp_path):
+    from specdec.passages import LICENCE_CHARS, MEASURED_LICENCES, licence_prompts
+
+    for name in MEASURED_LICENCES:
+        (tmp_path / name).write_text("\n\n".join(f"{name} clause {i}: " + "word " * 100 for i in range(60)))
+    prompts = licence_prompts(tmp_path)
+    assert [p["id"] for p in prompts] == [f"licence-{name}" for name in MEASURED_LICENCES]
+    for prompt, name in zip(prompts, MEASURED_LICENCES):
+        assert f"{name} clause 0:" in prompt["prompt"] and f"{name} clause 59:" not in prompt["prompt"]
+        assert LICENCE_CHARS <= len(prompt["prompt"]) < LICENCE_CHARS + 700
+    (tmp_path / "GPL-1").unlink()
+    with pytest.raises(ValueError, match="no licence text at"):
+        licence_prompts(tmp_path)
+
 def test_teacher_labels_are_the_greedy_answer(data):
     out, _, _ = data
     for shard in teacher.load_shards(out / "teacher" / "responses" / "train"):

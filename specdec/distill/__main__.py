@@ -34,7 +34,7 @@ def stage_corpus(args: argparse.Namespace) -> None:
     from specdec.distill.corpus import write_corpus
 
     folder = write_corpus(args.data, args.prompts_per_domain, args.eval_per_domain, args.text_chars, args.seed,
-                          args.parts)
+                          args.parts, args.long_prompts, args.long_eval)
     print(f"corpus in {folder}")
 
 
@@ -161,6 +161,9 @@ def parser() -> argparse.ArgumentParser:
     corpus.add_argument("--prompts-per-domain", type=int, default=1500)
     corpus.add_argument("--eval-per-domain", type=int, default=16)
     corpus.add_argument("--text-chars", type=int, default=4_000_000, help="raw text to label, in characters")
+    corpus.add_argument("--long-prompts", type=int, default=0,
+                        help="training prompts over passages of long documents (domain `long`) in a new corpus")
+    corpus.add_argument("--long-eval", type=int, default=0, help="held-out prompts of the `long` domain")
     corpus.add_argument("--parts", type=int, default=1,
                         help="append training-prompt parts until there are this many (part 0: the first corpus; each "
                              "later part: --prompts-per-domain new prompts; existing prompts never change)")

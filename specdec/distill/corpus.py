@@ -4,6 +4,8 @@ Prompts come from written templates filled by a seeded RNG, in four domains (cod
 code snippets and prose passages are cut from the Python standard library that every install carries
 (its sources, its docstrings and `pydoc_data.topics`, the language reference). Raw text from the same
 place is labelled later with one target forward pass (cheap soft labels, see `teacher.label_text`).
+On request a fifth domain, `long`, asks about passages of 750-2,800 tokens of long documents: the standard
+library's, the system's licence and copyright texts and the installed packages' (`long_documents`).
 
 Every prompt has a `split`: "train" or "eval"; eval prompts are never used for training. And a `part`: 0 for the
 corpus as first built, K for the K-th set of training prompts appended later (`corpus --parts`), drawn with its
@@ -279,21 +281,126 @@ def build_text_documents(max_chars: int, seed: int = 0) -> list[dict]:
     return kept
 
 
+# --- long documents ---------------------------------------------------------------------------------------------
+LONG_DOMAIN = "long"  # prompts over a long passage (`corpus --long-prompts`), outside `DOMAINS`' default corpus
+LONG_DOC_CHARS = 3_000  # a long document has at least this much text
+LONG_CHARS = (3_000, 11_000)  # a long prompt's passage, drawn uniformly in characters (about 750-2,800 tokens)
+LONG_TEMPLATES = [
+    "Summarise the following document in a few sentences:\n\n{text}",
+    "What are the main points of this text?\n\n{text}",
+    "Read this and explain in plain words what it says:\n\n{text}",
+    "{text}\n\nSummarise the text above in one paragraph.",
+    "Give a short overview of this document, then list three things it asks of the reader:\n\n{text}",
+]
+
+
+def _package_texts() -> Iterator[tuple[str, str]]:
+    """(key, text): the licence files and long descriptions of the Python packages installed here."""
+    from importlib import metadata
+
+    for dist in sorted(metadata.distributions(), key=lambda d: (d.metadata["Name"] or "").lower()):
+        for file in dist.files or ():
+            name = file.name.upper()
+            if ".dist-info" in str(file) and (name.startswith(("LICENSE", "LICENCE", "COPYING", "NOTICE"))
+                                              or name == "METADATA"):
+                try:
+                    text = file.read_text(encoding="utf-8")
+                except (OSError, UnicodeDecodeError):
+                    continue
+                if name == "METADATA":  # the long description: the body after the headers
+                    text = text.partition("\n\n")[2]
+                yield f"package:{dist.metadata['Name']}/{file.name}", text
+
+
+def _system_texts() -> Iterator[tuple[str, str]]:
+    """(key, text): Debian's licence texts and the packages' copyright files, where the system has them."""
+    from specdec.passages import LICENCES_FOLDER, MEASURED_LICENCES
+
+    if LICENCES_FOLDER.is_dir():
+        for path in sorted(LICENCES_FOLDER.iterdir()):
+            if path.name not in MEASURED_LICENCES and path.is_file() and not path.is_symlink():
+                yield f"licence:{path.name}", path.read_text(encoding="utf-8", errors="replace")
+    for path in sorted(Path("/usr/share/doc").glob("*/copyright")):
+        try:
+            yield f"copyright:{path.parent.name}", path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+
+
+@functools.cache
+def long_documents() -> tuple[tuple[str, str], ...]:
+    """(source key, text) of every long document: the language reference's long topics and the standard library's
+    long module docstrings (except the topics `bench --long` reads), Debian's licence texts and copyright files,
+    and the installed packages' licences and descriptions. Documents that share more than `MEASURED_OVERLAP` of
+    their shingles with a licence `bench --licences` measures are left out, and so are copies (same words)."""
+    from specdec.passages import LONG_TOPICS, MEASURED_LICENCES, MEASURED_OVERLAP, licence_text, overlap, shingles
+
+    measured = set()
+    for name in MEASURED_LICENCES:
+        try:
+            measured |= shingles(licence_text(name))
+        except ValueError:  # not on this system: nothing to hold out
+            pass
+    prose = [(key, text) for key, text in _prose_documents() if key.removeprefix("topic:") not in LONG_TOPICS]
+    docs, seen = [], set()
+    for key, text in [*prose, *_system_texts(), *_package_texts()]:
+        text = text.strip()
+        words = " ".join(text.split())
+        if len(text) < LONG_DOC_CHARS or words in seen or (measured and overlap(text, measured) > MEASURED_OVERLAP):
+            continue
+        seen.add(words)
+        docs.append((key, text))
+    return tuple(docs)
+
+
+def _long_prompt(rng: random.Random, docs: list[tuple[str, str]]) -> str:
+    """A template around a passage of a long document: from the start of a random paragraph, far enough from the
+    end for the length drawn from `LONG_CHARS`, cut at a line end near that length."""
+    text = rng.choice(docs)[1]
+    paragraphs = [p.strip("\n") for p in text.split("\n\n") if p.strip()]
+    target = rng.randint(*LONG_CHARS)
+    first = 0
+    for first in range(rng.randrange(len(paragraphs)), -1, -1):  # back up until the rest is long enough
+        if sum(map(len, paragraphs[first:])) >= target:
+            break
+    passage = "\n\n".join(paragraphs[first:])
+    if len(passage) > target:  # cut at the last line end before the length drawn
+        passage = passage[: max(passage.rfind("\n", 0, target), target // 2)]
+    return rng.choice(LONG_TEMPLATES).format(text=passage.strip())
+
+
+def long_prompts(train: int, evals: int, seed: int = 0) -> list[Prompt]:
+    """`train` and `evals` prompts over long passages (`LONG_DOMAIN`); eval prompts come from held-out documents."""
+    rng = random.Random(seed + 2)
+    docs = {split: [(k, t) for k, t in long_documents() if held_out(k) == (split == "eval")]
+            for split in ("train", "eval")}
+    prompts = []
+    for split, n in (("eval", evals), ("train", train)):
+        if n and not docs[split]:
+            raise ValueError(f"no long documents for the {split} split on this system")
+        texts = _unique(lambda: _long_prompt(rng, docs[split]), n) if n else []
+        prompts += [Prompt(f"{LONG_DOMAIN}-{split}-{i:05d}", LONG_DOMAIN, split, t) for i, t in enumerate(texts)]
+    return prompts
+
+
 def write_corpus(out: Path, per_domain: int, eval_per_domain: int, text_chars: int, seed: int = 0,
-                 parts: int = 1) -> Path:
+                 parts: int = 1, long_train: int = 0, long_eval: int = 0) -> Path:
     """Write `prompts.jsonl` and `text.jsonl` under `out/corpus/` (skipped when already there), then append
     training-prompt parts 1 .. `parts` - 1 that are missing (`more_prompts`, `per_domain` each): the prompts already
-    written, and so the answer shards already generated from them, never change."""
+    written, and so the answer shards already generated from them, never change. `long_train` and `long_eval`
+    prompts over long documents (`long_prompts`) join the first corpus."""
     folder = out / "corpus"
     done = folder / "done.json"
     if not done.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        _write_prompts(folder, build_prompts(per_domain, eval_per_domain, seed))
+        _write_prompts(folder, build_prompts(per_domain, eval_per_domain, seed) + long_prompts(long_train, long_eval,
+                                                                                             seed))
         with open(folder / "text.jsonl", "w") as f:
             for doc in build_text_documents(text_chars, seed):
                 f.write(json.dumps(doc) + "\n")
         done.write_text(json.dumps({"prompts": len(read_prompts(folder)), "per_domain": per_domain,
-                                    "eval_per_domain": eval_per_domain, "text_chars": text_chars, "seed": seed}))
+                                    "eval_per_domain": eval_per_domain, "text_chars": text_chars, "seed": seed,
+                                    "long_prompts": long_train, "long_eval": long_eval}))
     prompts = read_prompts(folder)
     for part in range(max(p.part for p in prompts) + 1, parts):
         prompts += more_prompts(prompts, per_domain, part, json.loads(done.read_text())["seed"])

@@ -30,7 +30,7 @@ import torch
 from tqdm import tqdm
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from specdec.distill.corpus import DOMAINS, Prompt, read_documents, read_prompts
+from specdec.distill.corpus import DOMAINS, LONG_DOMAIN, Prompt, read_documents, read_prompts
 from specdec.engine import encode_prompt
 
 Shard = dict
@@ -156,7 +156,7 @@ def generate_batch(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, p
 
 def _interleave(prompts: list[Prompt]) -> list[Prompt]:
     """Round-robin over domains, so any prefix of the shards covers every domain."""
-    by_domain = [[p for p in prompts if p.domain == d] for d in DOMAINS]
+    by_domain = [[p for p in prompts if p.domain == d] for d in (*DOMAINS, LONG_DOMAIN)]
     longest = max(map(len, by_domain), default=0)
     return [group[i] for i in range(longest) for group in by_domain if i < len(group)]
 
