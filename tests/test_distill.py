@@ -121,6 +121,18 @@ def test_teacher_labels_are_the_greedy_answer(data):
         assert (shard["topk_logp"][pos, 0] >= shard["topk_logp"][pos, 1]).all()
 
 
+def test_the_prompt_labels_are_scored_a_block_at_a_time(data, monkeypatch):
+    """A prompt longer than `LOGIT_BLOCK` gets the top-k that scoring all its positions at once gives."""
+    _, model, tokenizer = data
+    prompts = [corpus.Prompt("a", "chat", "train", "a longer question " * 3), corpus.Prompt("b", "code", "train", "b")]
+    whole = teacher.generate_batch(model, tokenizer, prompts, max_new_tokens=4, k=4)
+    monkeypatch.setattr(teacher, "LOGIT_BLOCK", 5)
+    blocks = teacher.generate_batch(model, tokenizer, prompts, max_new_tokens=4, k=4)
+    assert len(whole[0]["tokens"]) > 3 * 5
+    for a, b in zip(whole, blocks):
+        assert torch.equal(a["tokens"], b["tokens"]) and torch.equal(a["topk_ids"], b["topk_ids"])
+        assert torch.allclose(a["topk_logp"].float(), b["topk_logp"].float(), atol=1e-3)
+
 def test_teacher_resumes_without_redoing_shards(data):
     out, model, tokenizer = data
     written = teacher.generate_responses(model, tokenizer, out / "corpus", out / "teacher", "train", batch_size=4,

@@ -79,6 +79,16 @@ def _pack(sequences: list[dict], split: str, k: int) -> Shard:
     }
 
 
+LOGIT_BLOCK = 512  # prompt positions scored at once: [B, P, V] logits at once outgrow memory for long prompts
+
+
+def prompt_top_k(head: torch.nn.Module, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k ids and log p at every position of one prompt's hidden states [P, D], `LOGIT_BLOCK` positions at a
+    time -> ([P, k] int32, [P, k] float16)."""
+    blocks = [top_k_logp(head(hidden[i: i + LOGIT_BLOCK]), k) for i in range(0, len(hidden), LOGIT_BLOCK)]
+    return torch.cat([ids for ids, _ in blocks]), torch.cat([logp for _, logp in blocks])
+
+
 @torch.inference_mode()
 def decode(model: PreTrainedModel, input_ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, k: int,
            eos: int, temperature: float = 0.0, generator: torch.Generator | None = None) -> tuple[torch.Tensor, ...]:
@@ -89,10 +99,11 @@ def decode(model: PreTrainedModel, input_ids: torch.Tensor, mask: torch.Tensor, 
     """
     cache = DynamicCache(config=model.config)
     positions = (mask.cumsum(-1) - 1).clamp_min(0)  # [B, P]
-    logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache,
-                   use_cache=True).logits  # [B, P, V]
-    prompt_ids, prompt_logp = zip(*(top_k_logp(row, k) for row in logits))  # row by row: bounded memory
-    steps, last = [], logits[:, -1]  # [B, V]
+    hidden = model.base_model(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache,
+                              use_cache=True).last_hidden_state  # [B, P, D]
+    head = model.get_output_embeddings()
+    prompt_ids, prompt_logp = zip(*(prompt_top_k(head, row, k) for row in hidden))
+    steps, last = [], head(hidden[:, -1])  # [B, V]
     done = torch.zeros(len(input_ids), dtype=torch.bool)
     tokens = []
     for _ in range(max_new_tokens):
