@@ -43,7 +43,7 @@ def test_generate_streams_tokens_tree_and_plots(page):
     """Long (the page is served with the real models, which load first): the one test of the whole page in a
     browser, streaming and all."""
     page.locator("#prompt textarea").fill("Give me three tips for staying focused while studying.")
-    page.locator("#max-new-tokens input[type=number]").fill("24")
+    page.locator("#max-new-tokens input[type=number]").fill("26")
     page.locator("#max-new-tokens input[type=number]").press("Enter")
     page.get_by_text("Advanced", exact=True).click()  # the paper's reward: the rounds do not depend on timings
     page.locator("#bandit-reward label").filter(has_text="paper").click()
