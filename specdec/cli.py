@@ -119,9 +119,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                         f"{','.join(map(str, LONG_LENGTHS))}; --limit N: the first N passages a length), with a "
                         "table of where the time goes per length")
     b.add_argument("--licences", action="store_true",
-                   help="instead of the prompt files: summaries of three licence texts of about 2,700 tokens "
-                        "(Debian's Apache-2.0, GPL-1 and GPL-2, which the distillation corpus holds out), with the "
-                        "table of where the time goes")
+                   help="instead of the prompt files: summaries of the start of three licence texts, about 2,400 "
+                        "tokens each (Debian's Apache-2.0, GPL-1 and GPL-2, which the distillation corpus holds out), "
+                        "with the table of where the time goes")
     b.add_argument("--out", default="results.json")
     b.add_argument("--csv", default=None)
     b.add_argument("--plot", default="context.html", help="where the context-length plot is written")

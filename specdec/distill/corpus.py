@@ -371,6 +371,8 @@ def _long_prompt(rng: random.Random, docs: list[tuple[str, str]]) -> str:
 
 def long_prompts(train: int, evals: int, seed: int = 0) -> list[Prompt]:
     """`train` and `evals` prompts over long passages (`LONG_DOMAIN`); eval prompts come from held-out documents."""
+    if not train and not evals:
+        return []
     rng = random.Random(seed + 2)
     docs = {split: [(k, t) for k, t in long_documents() if held_out(k) == (split == "eval")]
             for split in ("train", "eval")}
@@ -378,7 +380,7 @@ def long_prompts(train: int, evals: int, seed: int = 0) -> list[Prompt]:
     for split, n in (("eval", evals), ("train", train)):
         if n and not docs[split]:
             raise ValueError(f"no long documents for the {split} split on this system")
-        texts = _unique(lambda: _long_prompt(rng, docs[split]), n) if n else []
+        texts = _unique(lambda: _long_prompt(rng, docs[split]), n)
         prompts += [Prompt(f"{LONG_DOMAIN}-{split}-{i:05d}", LONG_DOMAIN, split, t) for i, t in enumerate(texts)]
     return prompts
 
