@@ -16,11 +16,11 @@ from itertools import pairwise
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM
 
 from specdec.distill.plugin import draft_logits
 from specdec.distill.recipe import answers
 from specdec.distill.teacher import load_shards
+from specdec.models import load_model
 from specdec.vocab import load_draft_vocab
 
 EDGES = (0, 256, 1024, 4096, 16384)  # prompt tokens: the table's length groups
@@ -29,7 +29,7 @@ EDGES = (0, 256, 1024, 4096, 16384)  # prompt tokens: the table's length groups
 @torch.inference_mode()
 def hits_per_answer(folder: str, held_out: list) -> list[tuple[int, int]]:
     """(accepted, drafted) per held-out answer for the drafter in `folder`."""
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model = load_model(folder, torch.device("cpu"), torch.float32, verified=False).model
     draft_ids = load_draft_vocab(folder)
     if draft_ids is None:
         draft_ids = torch.arange(model.get_output_embeddings().weight.shape[0])
@@ -54,16 +54,14 @@ def main() -> None:
     held_out = answers(load_shards(Path(args.teacher) / "responses" / "eval"))
     folders = args.drafters.split(",")
     results = {folder: hits_per_answer(folder, held_out) for folder in folders}
-    groups: dict[str, list[int]] = {}
-    for i, answer in enumerate(held_out):
-        prompt_tokens = int(answer.drafted[0]) + 1
-        for key in (group_name(prompt_tokens), f"domain {answer.domain}", "all"):
-            groups.setdefault(key, []).append(i)
-    order = sorted(groups, key=lambda k: (k == "all", not k[0].isdigit(), int(k.split("-")[0]) if k[0].isdigit()
-                                          else 0, k))
+    lengths = [group_name(int(answer.drafted[0]) + 1) for answer in held_out]  # the prompt before each answer
+    domains = [f"domain {answer.domain}" for answer in held_out]
+    groups = {key: [i for i in range(len(held_out)) if key in (lengths[i], domains[i])]
+              for key in [*[group_name(low) for low in EDGES[:-1]], *sorted(set(domains))]}
+    groups = {key: rows for key, rows in groups.items() if rows} | {"all": list(range(len(held_out)))}
     print("| answers | count | " + " | ".join(folders) + " |")
     print("|---|---|" + "---|" * len(folders))
-    for key in order:
+    for key in groups:
         cells = []
         for folder in folders:
             accepted = sum(results[folder][i][0] for i in groups[key])

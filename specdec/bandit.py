@@ -82,8 +82,8 @@ class _Rates:
     def rate(self, depth: int, width: int, prior: tuple[float, float], shallower: bool = True) -> float | None:
         """The rate at (depth, width), else (`shallower`) at the nearest shallower depth seen, else the prior;
         None where nothing was seen and `shallower` is off."""
-        seen = next(((d, width) for d in (range(depth, 0, -1) if shallower else (depth,)) if (d, width) in self.counts),
-                    None)
+        depths = range(depth, 0, -1) if shallower else (depth,)
+        seen = next(((d, width) for d in depths if (d, width) in self.counts), None)
         if seen is None and not shallower:
             return None
         trials, successes = self.counts.get(seen, (0.0, 0.0))

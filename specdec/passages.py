@@ -5,22 +5,31 @@ which the corpus holds out."""
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 LONG_TOPICS = ("specialnames", "compound", "types")  # the longest sections, each over 9,000 tokens
+
+
+def cut_at_paragraph(paragraphs: Iterable[str], long_enough: Callable[[str], bool]) -> tuple[str, bool]:
+    """The paragraphs joined up to the first paragraph end where `long_enough(text)` holds -> (text, whether it
+    held; else the text is all of them)."""
+    text = ""
+    for paragraph in paragraphs:
+        text += paragraph + "\n\n"
+        if long_enough(text):
+            return text, True
+    return text, False
 
 
 def long_passage(topic: str, long_enough: Callable[[str], bool]) -> str:
     """The start of the section `topic`, cut at the first paragraph end where `long_enough(text)` holds."""
     import pydoc_data.topics
 
-    text = ""
-    for paragraph in pydoc_data.topics.topics[topic].split("\n\n"):
-        text += paragraph.strip() + "\n\n"
-        if long_enough(text):
-            return text
-    raise ValueError(f"the Python docs' topic {topic!r} is too short here")
+    text, held = cut_at_paragraph((p.strip() for p in pydoc_data.topics.topics[topic].split("\n\n")), long_enough)
+    if not held:
+        raise ValueError(f"the Python docs' topic {topic!r} is too short here")
+    return text
 
 
 def summary_prompt(passage: str) -> str:
@@ -32,7 +41,7 @@ def summary_prompt(passage: str) -> str:
 # text that shares more than `MEASURED_OVERLAP` of its 8-word shingles with one of them (`specdec.distill.corpus`).
 LICENCES_FOLDER = Path("/usr/share/common-licenses")
 MEASURED_LICENCES = ("Apache-2.0", "GPL-1", "GPL-2")
-LICENCE_CHARS = 11_000  # each measured licence is cut at the first paragraph end past this (about 2,700 tokens)
+LICENCE_CHARS = 11_000  # each measured licence is cut at the first paragraph end past this (about 2,400 tokens)
 MEASURED_OVERLAP = 0.01
 
 
@@ -51,11 +60,8 @@ def licence_prompts(folder: Path = LICENCES_FOLDER) -> list[dict]:
     """Summaries of the start of each measured licence (kind `licence`), for `bench --licences`."""
     prompts = []
     for name in MEASURED_LICENCES:
-        text = ""
-        for paragraph in licence_text(name, folder).split("\n\n"):
-            text += paragraph.strip("\n") + "\n\n"
-            if len(text) >= LICENCE_CHARS:
-                break
+        paragraphs = (p.strip("\n") for p in licence_text(name, folder).split("\n\n"))  # indents kept
+        text, _ = cut_at_paragraph(paragraphs, lambda t: len(t) >= LICENCE_CHARS)
         prompts.append({"id": f"licence-{name}", "kind": "licence", "prompt": licence_prompt(text.strip())})
     return prompts
 
