@@ -117,17 +117,19 @@ def context_figures(result: dict | None) -> tuple[go.Figure, go.Figure]:
         return empty_figure(message, 380), empty_figure(message, 380)
     speed, memory = go.Figure(), go.Figure()
     target_kv: dict[float, float] = {}
+    drafters: dict[tuple, list[str]] = {}  # a drafter-memory line -> the methods that drew it (one drafter's)
     for name, row in result["methods"].items():
         parts = sorted(row["by_kind"].values(), key=lambda part: part["prompt_tokens"])
         x = [part["prompt_tokens"] for part in parts]
         speed.add_trace(go.Scatter(x=x, y=[part["tokens_per_s"] for part in parts], name=name, mode="lines+markers",
                                    hovertemplate="%{x:.0f} prompt tokens: %{y:.1f} tok/s<extra>" + name + "</extra>"))
         if any(part.get("drafter_mb") for part in parts):
-            memory.add_trace(go.Scatter(x=x, y=[part["drafter_mb"] for part in parts], mode="lines+markers",
-                                        name=f"{name}: drafter"))
+            drafters.setdefault((tuple(x), tuple(part["drafter_mb"] for part in parts)), []).append(name)
         for part in parts:
             if part.get("target_kv_mb"):
                 target_kv[part["prompt_tokens"]] = part["target_kv_mb"]
+    for (x, y), names in drafters.items():  # methods of one drafter share its line rather than hide each other
+        memory.add_trace(go.Scatter(x=list(x), y=list(y), mode="lines+markers", name=f"{', '.join(names)}: drafter"))
     if target_kv:
         x = sorted(target_kv)
         memory.add_trace(go.Scatter(x=x, y=[target_kv[k] for k in x], name="target KV cache", mode="lines+markers",

@@ -86,16 +86,18 @@ def long_result() -> dict:
                                            "long-2500": part(2500, 9.5, 0, 50)}},
                         "mamba-ucb": {"by_kind": {"long-2500": part(2500, 11, 1.41, 50, 0.6),
                                                   "long-4500": part(4500, 9, 1.41, 90, 0.5)}},
+                        "mamba-ucb+lookup": {"by_kind": {"long-2500": part(2500, 12, 1.41, 50, 0.7),
+                                                         "long-4500": part(4500, 10, 1.41, 90, 0.6)}},
                         "tf-tree": {"by_kind": {"long-2500": part(2500, 7, 11.0, 50, 0.3),
                                                 "long-4500": part(4500, 5, 19.0, 90, 0.3)}}}}
 
 
 def test_context_figures_plot_each_method_against_prompt_length():
     speed, memory = context_figures(long_result())
-    assert [t.name for t in speed.data] == ["ar", "mamba-ucb", "tf-tree"]
+    assert [t.name for t in speed.data] == ["ar", "mamba-ucb", "mamba-ucb+lookup", "tf-tree"]
     assert list(speed.data[0].x) == [2500, 4500] and list(speed.data[0].y) == [9.5, 7.5]  # sorted by length
-    names = [t.name for t in memory.data]
-    assert names == ["mamba-ucb: drafter", "tf-tree: drafter", "target KV cache"]  # ar drafts nothing
+    names = [t.name for t in memory.data]  # ar drafts nothing; two methods of one drafter share its line
+    assert names == ["mamba-ucb, mamba-ucb+lookup: drafter", "tf-tree: drafter", "target KV cache"]
     assert list(memory.data[0].y) == [1.41, 1.41] and list(memory.data[1].y) == [11.0, 19.0]
     empty_speed, _ = context_figures(None)
     assert not empty_speed.data and "No long-context" in empty_speed.layout.annotations[0].text
