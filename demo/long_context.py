@@ -42,8 +42,10 @@ def result_table(result: dict) -> str:
                         f"{part['speedup_vs_ar']:.2f}x | {'-' if acceptance is None else f'{acceptance:.2f}'} | "
                         f"{'-' if not drafter else f'{drafter:.2f}'} |")
     c = result.get("config", {})
+    repeats = c.get("repeats") or 1
+    each = f"; each prompt's tok/s the mean of {repeats} runs" if repeats > 1 else ""
     rows.append(f"\n{c.get('date', '?')}, {c.get('machine', '?')}; target {c.get('target', '?')} "
-                f"({c.get('dtype', '?')}), {c.get('max_new_tokens', '?')} new tokens, greedy.")
+                f"({c.get('dtype', '?')}), {c.get('max_new_tokens', '?')} new tokens, greedy{each}.")
     return "\n".join(rows)
 
 

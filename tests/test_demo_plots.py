@@ -114,3 +114,7 @@ def test_the_long_context_result_loads_only_when_it_is_one(tmp_path):
     table = result_table(load_result(path))
     assert "| mamba-ucb | 2,500 | 11.0 | 1.16x | 0.60 | 1.41 |" in table
     assert "| ar | 4,500 | 7.5 | 1.00x | - | - |" in table
+    assert table.endswith("new tokens, greedy.")  # one run a prompt: nothing more to say
+    three = long_result()
+    three["config"]["repeats"] = 3
+    assert result_table(three).endswith("greedy; each prompt's tok/s the mean of 3 runs.")
