@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specdec.distill import corpus, teacher
-from specdec.distill.export import export, model_card
+from specdec.distill.export import earlier_card, export, model_card
 from specdec.distill.plugin import PlugIn, build_drafter, mamba_hidden, save_drafter
 from specdec.distill.recipe import TrainConfig, distill_loss, greedy_acceptance, target_weights
 from specdec.distill.train import load_run, read_segments, train
@@ -192,6 +192,20 @@ def test_train_resumes_and_exports_a_loadable_drafter(data, tmp_path, arch):
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, model.to(torch.bfloat16)(ids).logits)
     assert json.loads((folder / "draft_vocab.json").read_text())["token_ids"] == draft_ids.tolist()
+
+
+def test_a_warm_started_runs_card_ends_with_the_card_it_began_from(tmp_path):
+    """`export` appends the card of the `--init` folder below the new run's, each heading one level down (to 6 at
+    most), so a drafter trained in rounds keeps every round's sections; lines inside code blocks stay as they are."""
+    folder = tmp_path / "round1"
+    folder.mkdir()
+    (folder / "README.md").write_text("# drafter\n\nWhat it is.\n\n## Data\n- shards\n\n## Reproduce\n```\n"
+                                      "# a comment in a command block\npython -m specdec.distill train\n```\n"
+                                      "###### deepest\n")
+    assert earlier_card(str(folder)) == (f"\n## Before this run: the card of `{folder}`\n\nWhat it is.\n\n"
+                                         "### Data\n- shards\n\n### Reproduce\n```\n# a comment in a command block"
+                                         "\npython -m specdec.distill train\n```\n###### deepest\n")
+    assert earlier_card(None) == earlier_card(str(tmp_path / "no-card")) == ""  # a fresh run, a folder without one
 
 
 @pytest.mark.parametrize("arch", ["mamba", "transformer"])

@@ -183,12 +183,29 @@ python -m specdec.distill export --name {name}
 """
 
 
+def earlier_card(init: str | None) -> str:
+    """The model card of the folder a warm-started run began from (`train --init`), as the last section of the
+    new run's card: its text after the title, every heading one level down (to level 6 at most), so the card of a
+    drafter trained in several rounds lists them newest first. Empty where that folder has no card."""
+    card = Path(init) / "README.md" if init else None
+    if card is None or not card.is_file():
+        return ""
+    lines, fenced = card.read_text(encoding="utf-8").splitlines()[1:], False
+    for i, line in enumerate(lines):
+        fenced ^= line.startswith("```")
+        if not fenced and line.startswith("#") and not line.startswith("######"):
+            lines[i] = "#" + line
+    return f"\n## Before this run: the card of `{init}`\n" + "\n".join(lines).rstrip() + "\n"
+
+
 def export(run: Path, folder: Path, tokenizer: PreTrainedTokenizerBase, teacher: Path) -> Path:
-    """Write the run's drafter and its card into `folder` (e.g. assets/drafters/<name>), without a tokenizer.
+    """Write the run's drafter and its card into `folder` (e.g. assets/drafters/<name>), without a tokenizer;
+    a warm-started run's card ends with the card of the folder it began from (`earlier_card`).
 
     `tokenizer` is the target's, which the run must fit (`Recipe.check_target`).
     """
     model, draft_ids, counters = load_run(run)
+    earlier = earlier_card(counters["config"].get("init"))  # before saving: `folder` may be the one it began from
     recipe = recipe_for(counters["config"]["arch"], tokenizer=counters["config"].get("tokenizer"),
                         target_tokenizer=tokenizer)
     recipe.check_target(model, tokenizer, run)
@@ -197,5 +214,5 @@ def export(run: Path, folder: Path, tokenizer: PreTrainedTokenizerBase, teacher:
     report = json.loads((run / "eval.json").read_text())
     summary = json.loads((teacher / "teacher_summary.json").read_text())
     card = model_card(folder.name, run, report, counters, summary, folder_bytes(folder), params, recipe)
-    (folder / "README.md").write_text(card)
+    (folder / "README.md").write_text(card + earlier)
     return folder
