@@ -1,12 +1,16 @@
-"""Teacher-forced greedy acceptance of plug-in drafters by the length of the context before each answer: on the
+"""Teacher-forced greedy acceptance of drafter folders by the length of the context before each answer: on the
 target's held-out answers of a teacher folder (`python -m specdec.distill teacher`), how often each drafter's
 argmax over its draft vocabulary is the target's next token, with the answers grouped by their prompt's length and
 by domain.
 
     .venv/bin/python scripts/acceptance_by_length.py --teacher data/longdoc/teacher \
-        --drafters assets/drafters/mamba-smollm2,data/longdoc/export/mamba-long
+        --drafters assets/drafters/mamba-smollm2,assets/drafters/mamba-feat-smollm2,data/longdoc/export/mamba-long
 
-Each answer is read whole from a zero state (one sequence pass), as `distill evaluate` reads it.
+Plug-in drafters (Mamba, Transformer) and feature drafters alike are read through their training recipe's own
+teacher-forced pass (`Recipe.greedy`, what `distill evaluate` reports): each answer read whole from a zero state.
+A feature drafter gives two columns, as its model card does: with the target's real feature of p-1 (a draft's
+first token) and with its own guess of it (any deeper token). Its held-out answers need the target's features
+(`python -m specdec.distill features --data DATA`).
 """
 
 from __future__ import annotations
@@ -17,28 +21,38 @@ from pathlib import Path
 
 import torch
 
-from specdec.distill.plugin import draft_logits
-from specdec.distill.recipe import answers
-from specdec.distill.teacher import load_shards
-from specdec.models import load_model
+from specdec.distill.recipe import Answer, answers, target_weights
+from specdec.distill.train import recipe_for
+from specdec.drafters.mamba_feat import MambaFeatModel, is_feat_folder
+from specdec.models import DEFAULT_TARGET, Models, load_model
 from specdec.vocab import load_draft_vocab
 
 EDGES = (0, 256, 1024, 4096, 16384)  # prompt tokens: the table's length groups
+COLUMNS = {"all": "", "real": ", real feature of p-1", "guessed": ", own guess"}  # the recipes' overall figures
 
 
 @torch.inference_mode()
-def hits_per_answer(folder: str, held_out: list) -> list[tuple[int, int]]:
-    """(accepted, drafted) per held-out answer for the drafter in `folder`."""
-    model = load_model(folder, torch.device("cpu"), torch.float32, verified=False).model
+def hits_per_answer(folder: str, eval_folder: Path, target: str) -> tuple[list[Answer], dict[str, list]]:
+    """(the held-out answers, {column: (accepted, drafted) per answer}) for the drafter in `folder`."""
+    if is_feat_folder(folder):
+        recipe = recipe_for("mamba-feat", *target_weights(Models(target).target.model))
+        model = MambaFeatModel.load(Path(folder))
+    else:
+        model = load_model(folder, torch.device("cpu"), torch.float32, verified=False).model
+        recipe = recipe_for("mamba" if model.config.model_type == "mamba" else "transformer")
     draft_ids = load_draft_vocab(folder)
     if draft_ids is None:
         draft_ids = torch.arange(model.get_output_embeddings().weight.shape[0])
-    counts = []
-    for answer in held_out:
-        guess = draft_ids[draft_logits(model, answer.tokens[None], draft_ids)[0].argmax(-1)]  # [L]
-        drafted = answer.drafted
-        counts.append((int((guess[drafted] == answer.tokens[drafted + 1]).sum()), len(drafted)))
-    return counts
+    held_out = answers(recipe.load_shards(eval_folder))
+    order = {id(answer): i for i, answer in enumerate(held_out)}
+    counts: dict[str, list] = {}
+    for start in range(0, len(held_out), recipe.eval_batch):
+        for name, answer, guess in recipe.greedy(model, held_out[start:start + recipe.eval_batch], draft_ids):
+            if name in COLUMNS:
+                accepted = int((guess == answer.tokens[answer.drafted + 1]).sum())
+                counts.setdefault(folder + COLUMNS[name], [None] * len(held_out))[order[id(answer)]] = \
+                    (accepted, len(guess))
+    return held_out, counts
 
 
 def group_name(prompt_tokens: int) -> str:
@@ -49,25 +63,31 @@ def group_name(prompt_tokens: int) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--teacher", required=True, help="a teacher folder with responses/eval")
-    p.add_argument("--drafters", required=True, help="comma-separated plug-in drafter folders")
+    p.add_argument("--drafters", required=True, help="comma-separated drafter folders (plug-in or feature)")
+    p.add_argument("--target", default=DEFAULT_TARGET, help="the target whose features a feature drafter reads")
     args = p.parse_args()
-    held_out = answers(load_shards(Path(args.teacher) / "responses" / "eval"))
-    folders = args.drafters.split(",")
-    results = {folder: hits_per_answer(folder, held_out) for folder in folders}
+    results: dict[str, list] = {}
+    held_out: list[Answer] = []
+    for folder in args.drafters.split(","):
+        answers_read, counts = hits_per_answer(folder, Path(args.teacher) / "responses" / "eval", args.target)
+        if held_out and len(answers_read) != len(held_out):
+            raise SystemExit(f"{folder} read {len(answers_read)} held-out answers, the others {len(held_out)}: "
+                             "a feature drafter reads only shards with features (the `features` stage)")
+        held_out = answers_read
+        results |= counts
     lengths = [group_name(int(answer.drafted[0]) + 1) for answer in held_out]  # the prompt before each answer
     domains = [f"domain {answer.domain}" for answer in held_out]
     groups = {key: [i for i in range(len(held_out)) if key in (lengths[i], domains[i])]
               for key in [*[group_name(low) for low in EDGES[:-1]], *sorted(set(domains))]}
     groups = {key: rows for key, rows in groups.items() if rows} | {"all": list(range(len(held_out)))}
-    print("| answers | count | " + " | ".join(folders) + " |")
-    print("|---|---|" + "---|" * len(folders))
-    for key in groups:
+    print("| answers | count | " + " | ".join(results) + " |")
+    print("|---|---|" + "---|" * len(results))
+    for key, rows in groups.items():
         cells = []
-        for folder in folders:
-            accepted = sum(results[folder][i][0] for i in groups[key])
-            drafted = sum(results[folder][i][1] for i in groups[key])
+        for column in results.values():
+            accepted, drafted = sum(column[i][0] for i in rows), sum(column[i][1] for i in rows)
             cells.append(f"{accepted / max(drafted, 1):.3f}")
-        print(f"| {key} | {len(groups[key])} | " + " | ".join(cells) + " |")
+        print(f"| {key} | {len(rows)} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
