@@ -16,10 +16,13 @@ first token) and with its own guess of it (any deeper token). Its held-out answe
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from functools import cache
 from itertools import pairwise
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedModel
 
 from specdec.distill.recipe import Answer, answers, target_weights
 from specdec.distill.train import recipe_for
@@ -32,10 +35,12 @@ COLUMNS = {"all": "", "real": ", real feature of p-1", "guessed": ", own guess"}
 
 
 @torch.inference_mode()
-def hits_per_answer(folder: str, eval_folder: Path, target: str) -> tuple[list[Answer], dict[str, list]]:
-    """(the held-out answers, {column: (accepted, drafted) per answer}) for the drafter in `folder`."""
+def hits_per_answer(folder: str, eval_folder: Path,
+                    target: Callable[[], PreTrainedModel]) -> tuple[list[Answer], dict[str, list]]:
+    """(the held-out answers, {column: (accepted, drafted) per answer}) for the drafter in `folder`; `target` gives
+    the target model a feature drafter reads."""
     if is_feat_folder(folder):
-        recipe = recipe_for("mamba-feat", *target_weights(Models(target).target.model))
+        recipe = recipe_for("mamba-feat", *target_weights(target()))
         model = MambaFeatModel.load(Path(folder))
     else:
         model = load_model(folder, torch.device("cpu"), torch.float32, verified=False).model
@@ -66,10 +71,11 @@ def main() -> None:
     p.add_argument("--drafters", required=True, help="comma-separated drafter folders (plug-in or feature)")
     p.add_argument("--target", default=DEFAULT_TARGET, help="the target whose features a feature drafter reads")
     args = p.parse_args()
+    target = cache(lambda: Models(args.target).target.model)  # loaded once, if a feature drafter asks
     results: dict[str, list] = {}
     held_out: list[Answer] = []
     for folder in args.drafters.split(","):
-        answers_read, counts = hits_per_answer(folder, Path(args.teacher) / "responses" / "eval", args.target)
+        answers_read, counts = hits_per_answer(folder, Path(args.teacher) / "responses" / "eval", target)
         if held_out and len(answers_read) != len(held_out):
             raise SystemExit(f"{folder} read {len(answers_read)} held-out answers, the others {len(held_out)}: "
                              "a feature drafter reads only shards with features (the `features` stage)")

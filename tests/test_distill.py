@@ -10,7 +10,7 @@ from specdec.distill import corpus, teacher
 from specdec.distill.export import earlier_card, export, model_card
 from specdec.distill.plugin import PlugIn, build_drafter, mamba_hidden, save_drafter
 from specdec.distill.recipe import TrainConfig, distill_loss, greedy_acceptance, target_weights
-from specdec.distill.train import load_run, read_segments, train
+from specdec.distill.train import load_run, read_segments, recipe_for, train
 from specdec.drafters.mixer import scan_sequence, selective_scan
 from tests.tiny import tiny_llama
 
@@ -415,6 +415,22 @@ def test_feature_drafter_evaluates_and_exports_a_loadable_folder(data, tmp_path)
     card = (folder / "README.md").read_text()
     assert f"| {report['teacher_forced']['real']:.3f} |" in card and "--arch mamba-feat" in card
     assert load_feat_drafter(str(folder), torch.device("cpu"), torch.float32, target).model.config.hidden == 16
+
+    # scripts/acceptance_by_length.py reads the folder through the same recipe: its per-answer counts add up to the
+    # recipe's figures for the exported weights, in two columns
+    from scripts.acceptance_by_length import hits_per_answer
+    from specdec.drafters.mamba_feat import MambaFeatModel
+    from specdec.vocab import load_draft_vocab
+
+    eval_dir = teacher_dir / "responses" / "eval"
+    held_out, counts = hits_per_answer(str(folder), eval_dir, lambda: model)
+    recipe = recipe_for("mamba-feat", *target_weights(model))
+    expected = greedy_acceptance(recipe, MambaFeatModel.load(folder), recipe.load_shards(eval_dir),
+                                 load_draft_vocab(str(folder)))
+    assert set(counts) == {f"{folder}, real feature of p-1", f"{folder}, own guess"}
+    for name, column in zip(("real", "guessed"), counts.values()):
+        assert len(column) == len(held_out) > 0 and sum(n for _, n in column) > 0
+        assert sum(a for a, _ in column) / sum(n for _, n in column) == pytest.approx(expected[name])
 
 
 def test_compare_lines_up_runs_by_tokens_seen(tmp_path):
