@@ -100,7 +100,7 @@ def _trend(run: Path, unique: int, key: str) -> str:
     b = points[-1]
     # The last checkpoint at or before three quarters of the tokens seen: the curve's last quarter or a bit more
     # (a final checkpoint a few steps after the one before would otherwise make a "quarter" of a few steps).
-    a = next(p for p in reversed(points[:-1]) if p["labelled"] <= 0.75 * b["labelled"])
+    a = next((p for p in reversed(points[:-1]) if p["labelled"] <= 0.75 * b["labelled"]), points[0])
     gain = b["acceptance"][key] - a["acceptance"][key]
     seen = (b["labelled"] - a["labelled"]) / unique
     where = "still rising" if gain > 0.005 else "flat"
@@ -154,9 +154,9 @@ def model_card(name: str, run: Path, report: dict, counters: dict, teacher_summa
 
 Prompts are written templates in four domains (code, math, chat, summary) with snippets and passages from the
 Python standard library, and where the corpus was made with `--long-prompts` a fifth (long: questions about
-passages of 750-2,800 tokens of long documents); `responses/train` holds the target's greedy answers to them, `responses/train-partK` (if
-any) those to the prompts appended as corpus part K, `responses/train-t<T>-<i>` (if any) answers sampled at
-temperature T, labelled with the untempered top-k; {recipe.describe_text()}
+passages of 750-2,800 tokens of long documents); `responses/train` holds the target's greedy answers to them,
+`responses/train-partK` (if any) those to the prompts appended as corpus part K, `responses/train-t<T>-<i>` (if
+any) answers sampled at temperature T, labelled with the untempered top-k; {recipe.describe_text()}
 Held-out prompts (16 per domain) and their sources never appear in training.
 
 ## Training
