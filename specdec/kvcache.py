@@ -413,6 +413,44 @@ def row_invariant_by_default(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+def runs_direct(model: PreTrainedModel) -> bool:
+    """Whether `TreeLM` runs `model`'s layers itself (`_llama_pass`): a transformers Llama built of its own classes
+    exactly (a subclass may change what a layer computes), on a CPU. Any other model goes through its own
+    `forward`, with `tree_attention` as its attention."""
+    from transformers.models.llama import modeling_llama as llama
+
+    base = model.base_model
+    return next(model.parameters()).device.type == "cpu" and type(base) is llama.LlamaModel and \
+        type(base.norm) is llama.LlamaRMSNorm and type(base.rotary_emb) is llama.LlamaRotaryEmbedding and \
+        all(type(layer) is llama.LlamaDecoderLayer and type(layer.self_attn) is llama.LlamaAttention and
+            type(layer.mlp) is llama.LlamaMLP for layer in base.layers)
+
+
+def _llama_pass(base: PreTrainedModel, ids: torch.Tensor, positions: torch.Tensor, tree_kv: TreeKV) -> torch.Tensor:
+    """`LlamaModel.forward` over ids [1, n] at `positions` [1, n] with `tree_attention` -> last hidden [1, n, D].
+
+    The same modules and functions in the same order as transformers' own forward, so the same bits (a test
+    checks it), without what a general forward does around them on every call (argument checks, the causal mask
+    that `tree_attention` does not read, output capture), which on a CPU is a sizeable part of a decode step.
+    """
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    h = base.embed_tokens(ids)  # [1, n, D]
+    cos, sin = base.rotary_emb(h, position_ids=positions)
+    shape = (*ids.shape, -1, base.layers[0].self_attn.head_dim)  # [1, n, heads, d]
+    for layer in base.layers[: base.config.num_hidden_layers]:
+        attention = layer.self_attn
+        x = layer.input_layernorm(h)
+        q = attention.q_proj(x).view(shape).transpose(1, 2)  # [1, H, n, d]
+        k = attention.k_proj(x).view(shape).transpose(1, 2)  # [1, H_kv, n, d]
+        v = attention.v_proj(x).view(shape).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        out, _ = tree_attention(attention, q, k, v, None, scaling=attention.scaling, tree_kv=tree_kv)
+        h = h + attention.o_proj(out.reshape(*ids.shape, -1).contiguous())
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return base.norm(h)
+
+
 class TreeLM:
     """Wraps a Hugging Face causal LM; one sequence (batch 1) per instance."""
 
@@ -434,6 +472,7 @@ class TreeLM:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.row_invariant = row_invariant_by_default(self.device) if row_invariant is None else row_invariant
+        self.direct = runs_direct(model)  # the pass loops over the layers itself (`_llama_pass`)
         if self.device.type == "cpu" and self.dtype in PACKED_DTYPES:
             pack_linears(model, packed_min_rows(self.dtype))  # the kernel `probe_min_rows` checked (no-op if done)
         self.head_ids = head_ids.to(self.device) if head_ids is not None else None
@@ -491,10 +530,13 @@ class TreeLM:
                                        self.dtype, self.device)
         self.cache.step = Pass(self.length, start, self.paths[start:end], self.row_invariant and not prefill, mask,
                                self.device)
-        inputs = dict(input_ids=ids, position_ids=positions, tree_kv=self.cache, use_cache=False)
         self.cache.placed = []  # until the pass has run through: a failed one may have written part of the buffer
         try:
-            h = self.model.base_model(**inputs).last_hidden_state  # [1, n, D]
+            if self.direct:
+                h = _llama_pass(self.model.base_model, ids, positions, self.cache)  # [1, n, D]
+            else:
+                h = self.model.base_model(input_ids=ids, position_ids=positions, tree_kv=self.cache,
+                                          use_cache=False).last_hidden_state  # [1, n, D]
             self.cache.placed = self.cache.step.placed
         finally:
             self.cache.step = None

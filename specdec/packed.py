@@ -39,6 +39,8 @@ SMALL_WEIGHTS = 1024 * 256
 @cache
 def packing_available(dtype: torch.dtype = torch.bfloat16) -> bool:
     """Whether this torch build has oneDNN's packed linear for `dtype` on this CPU (tried once per process)."""
+    if _LINEAR_POINTWISE is None:  # a build without oneDNN's ops
+        return False
     try:
         w = torch.zeros(8, 16, dtype=dtype)
         out = _packed_linear(torch.ones(2, 16, dtype=dtype), _pack(w), None)
@@ -53,7 +55,11 @@ def _pack(weight: torch.Tensor) -> torch.Tensor:
 
 
 def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")  # x [..., in] -> [..., out]
+    return _LINEAR_POINTWISE(x, packed, bias, "none", [], "")  # x [..., in] -> [..., out]
+
+
+# The op's one overload, looked up once (calling the op by name resolves the overload again on every call).
+_LINEAR_POINTWISE = getattr(getattr(torch.ops.mkldnn, "_linear_pointwise", None), "default", None)
 
 
 class PackedLinear(nn.Linear):
@@ -86,9 +92,9 @@ class PackedLinear(nn.Linear):
         weight = self.weight  # an inference tensor keeps no version counter (nor may it change outside inference)
         return weight.data_ptr(), 0 if weight.is_inference() else weight._version, weight.dtype
 
-    def _stale(self) -> bool:
+    def _stale(self, weight: torch.Tensor) -> bool:
         """Whether the weight changed since it was packed (replaced, moved, cast, or written in place)."""
-        weight, (ptr, version, dtype) = self.weight, self.packed_from
+        ptr, version, dtype = self.packed_from
         return weight.dtype != dtype or weight.data_ptr() != ptr or (not weight.is_inference() and
                                                                       weight._version != version)
 
@@ -100,13 +106,14 @@ class PackedLinear(nn.Linear):
         self.repack()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu" or x.dtype != self.weight.dtype or self.weight.dtype not in PACKED_DTYPES or \
-                (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
-            return F.linear(x, self.weight, self.bias)
-        if self._stale():
+        weight = self.weight  # read once: a Module's parameter lookup is slow next to a small matmul
+        if not x.is_cpu or x.dtype != weight.dtype or weight.dtype not in PACKED_DTYPES or \
+                (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+            return F.linear(x, weight, self.bias)
+        if self._stale(weight):
             self.repack()
         if self.packed is None:
-            return F.linear(x, self.weight, self.bias)
+            return F.linear(x, weight, self.bias)
         rows = x.numel() // self.in_features
         if 0 < rows < self.min_rows:  # [..., in] -> [min_rows, in], keep the first `rows` outputs
             padded = torch.cat([x.reshape(rows, self.in_features), x.new_zeros(self.min_rows - rows, self.in_features)])

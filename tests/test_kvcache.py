@@ -166,3 +166,27 @@ def test_a_fork_shares_the_weights_and_not_the_cache():
     fork.feed([4, 5])
     assert (lm.length, fork.length) == (3, 5)
     torch.testing.assert_close(fork.feed([6]), lm.fork().feed([4, 5, 6])[-1:], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("row_invariant", [True, False])
+def test_the_direct_pass_gives_the_bits_of_the_models_own_forward(row_invariant):
+    """`TreeLM` runs a transformers Llama's layers itself (`_llama_pass`); every pass (prefill, tree, chain, decode
+    step) gives the bits of going through the model's `forward`, whatever the layout. A subclass runs its own."""
+    model = tiny_llama(11, seed=7)
+    direct, through = TreeLM(model, row_invariant=row_invariant), TreeLM(model, row_invariant=row_invariant)
+    through.direct = False
+    assert direct.direct
+    shape = TreeShape((2, 2, 1))
+    tokens = [(3 * i + 5) % 11 for i in range(len(shape.parents))]
+    for lm in (direct, through):
+        lm.outputs = [lm.prefill(list(range(1, 10)) * 9)]  # 81 tokens: the split layout has a head to attend
+        lm.outputs += [lm.extend(tokens, shape.parents), lm.hidden]
+        lm.commit(_branch(shape.parents, len(tokens) - 1))
+        lm.outputs += [lm.feed([7, 8, 9]), lm.feed([10]), lm.hidden]
+    assert all(torch.equal(a, b) for a, b in zip(direct.outputs, through.outputs, strict=True))
+
+    class Custom(type(model.model.layers[0].mlp)):
+        pass
+
+    model.model.layers[1].mlp.__class__ = Custom
+    assert not TreeLM(model).direct
