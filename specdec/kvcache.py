@@ -35,7 +35,9 @@ first child's branch (a decode step's one token, a drafter's likeliest branch), 
 from __future__ import annotations
 
 import copy
+import threading
 import warnings
+import weakref
 
 from dataclasses import dataclass, field
 from functools import cache
@@ -47,7 +49,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from specdec.models import dtype_name, kept, packed_min_rows
-from specdec.packed import MAX_INVARIANT_ROWS, PACKED_DTYPES, head_linear, pack_linears
+from specdec.packed import MAX_INVARIANT_ROWS, PACKED_DTYPES, fuse, head_linear, pack_linears
 from specdec.vocab import scatter_head
 
 ATTENTION = "specdec_tree"  # the attention implementation name the wrapped models are switched to
@@ -426,28 +428,47 @@ def runs_direct(model: PreTrainedModel) -> bool:
             type(layer.mlp) is llama.LlamaMLP for layer in base.layers)
 
 
+_FUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a Llama -> its layers' (qkv, gate-up) or Nones
+_FUSING = threading.Lock()
+
+
+def _fuse_projections(base: PreTrainedModel) -> None:
+    """Fuse each layer's query, key and value projections and its gate and up projections (`specdec.packed.fuse`:
+    where this CPU gives the fused outputs the same bits), once per model, for `_llama_pass`."""
+    with _FUSING:
+        if base not in _FUSED:
+            _FUSED[base] = [(fuse([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
+                             fuse([layer.mlp.gate_proj, layer.mlp.up_proj])) for layer in base.layers]
+
+
 def _llama_pass(base: PreTrainedModel, ids: torch.Tensor, positions: torch.Tensor, tree_kv: TreeKV) -> torch.Tensor:
     """`LlamaModel.forward` over ids [1, n] at `positions` [1, n] with `tree_attention` -> last hidden [1, n, D].
 
     The same modules and functions in the same order as transformers' own forward, so the same bits (a test
     checks it), without what a general forward does around them on every call (argument checks, the causal mask
-    that `tree_attention` does not read, output capture), which on a CPU is a sizeable part of a decode step.
+    that `tree_attention` does not read, output capture), which on a CPU is a sizeable part of a decode step; and
+    the projections that read one input multiplied as one (`_fuse_projections`), where that keeps their bits.
     """
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     h = base.embed_tokens(ids)  # [1, n, D]
     cos, sin = base.rotary_emb(h, position_ids=positions)
     shape = (*ids.shape, -1, base.layers[0].self_attn.head_dim)  # [1, n, heads, d]
-    for layer in base.layers[: base.config.num_hidden_layers]:
-        attention = layer.self_attn
+    layers = base.layers[: base.config.num_hidden_layers]
+    for layer, (qkv, gate_up) in zip(layers, _FUSED.get(base) or [(None, None)] * len(layers)):
+        attention, mlp = layer.self_attn, layer.mlp
         x = layer.input_layernorm(h)
-        q = attention.q_proj(x).view(shape).transpose(1, 2)  # [1, H, n, d]
-        k = attention.k_proj(x).view(shape).transpose(1, 2)  # [1, H_kv, n, d]
-        v = attention.v_proj(x).view(shape).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        q, k, v = qkv(x) if qkv else (attention.q_proj(x), attention.k_proj(x), attention.v_proj(x))
+        q, k = apply_rotary_pos_emb(q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), cos, sin)
+        v = v.view(shape).transpose(1, 2)  # q [1, H, n, d], k and v [1, H_kv, n, d]
         out, _ = tree_attention(attention, q, k, v, None, scaling=attention.scaling, tree_kv=tree_kv)
         h = h + attention.o_proj(out.reshape(*ids.shape, -1).contiguous())
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        x = layer.post_attention_layernorm(h)
+        if gate_up:  # as LlamaMLP.forward
+            gate, up = gate_up(x)
+            h = h + mlp.down_proj(mlp.act_fn(gate) * up)
+        else:
+            h = h + mlp(x)
     return base.norm(h)
 
 
@@ -475,6 +496,8 @@ class TreeLM:
         self.direct = runs_direct(model)  # the pass loops over the layers itself (`_llama_pass`)
         if self.device.type == "cpu" and self.dtype in PACKED_DTYPES:
             pack_linears(model, packed_min_rows(self.dtype))  # the kernel `probe_min_rows` checked (no-op if done)
+            if self.direct:
+                _fuse_projections(model.base_model)
         self.head_ids = head_ids.to(self.device) if head_ids is not None else None
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         if self.head_ids is not None:

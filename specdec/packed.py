@@ -92,8 +92,15 @@ class PackedLinear(nn.Linear):
         weight = self.weight  # an inference tensor keeps no version counter (nor may it change outside inference)
         return weight.data_ptr(), 0 if weight.is_inference() else weight._version, weight.dtype
 
+    def unpack(self) -> None:
+        """Drop the packed copy (a `FusedLinear` holds this weight packed); the next call packs it again."""
+        self.packed = self.packed_from = None
+
     def _stale(self, weight: torch.Tensor) -> bool:
-        """Whether the weight changed since it was packed (replaced, moved, cast, or written in place)."""
+        """Whether the weight changed since it was packed (replaced, moved, cast, or written in place), or was
+        unpacked."""
+        if self.packed_from is None:
+            return True
         ptr, version, dtype = self.packed_from
         return weight.dtype != dtype or weight.data_ptr() != ptr or (not weight.is_inference() and
                                                                       weight._version != version)
@@ -114,11 +121,82 @@ class PackedLinear(nn.Linear):
             self.repack()
         if self.packed is None:
             return F.linear(x, weight, self.bias)
-        rows = x.numel() // self.in_features
-        if 0 < rows < self.min_rows:  # [..., in] -> [min_rows, in], keep the first `rows` outputs
-            padded = torch.cat([x.reshape(rows, self.in_features), x.new_zeros(self.min_rows - rows, self.in_features)])
-            return _packed_linear(padded, self.packed, self.bias)[:rows].reshape(*x.shape[:-1], self.out_features)
-        return _packed_linear(x, self.packed, self.bias)
+        return _padded_linear(x, self.packed, self.bias, self.min_rows)
+
+
+def _padded_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, min_rows: int) -> torch.Tensor:
+    """x [..., in] through a packed weight; fewer than `min_rows` rows are padded with zero rows to that many and
+    only the first rows' outputs kept."""
+    in_features = x.shape[-1]
+    rows = x.numel() // in_features
+    if 0 < rows < min_rows:
+        padded = torch.cat([x.reshape(rows, in_features), x.new_zeros(min_rows - rows, in_features)])
+        out = _packed_linear(padded, packed, bias)[:rows]
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+    return _packed_linear(x, packed, bias)
+
+
+class FusedLinear:
+    """`PackedLinear`s without biases that read the same input (a layer's query, key and value projections; its
+    gate and up projections) multiplied as one: their weights stacked and packed together, one kernel call
+    instead of several, each part of the output the bits its own layer gives (`fuse` makes one only where this
+    CPU's kernel does so). The layers' own packed copies are dropped, so each weight is held packed once; a layer
+    called on its own (the model's own `forward`) packs itself again. A layer's weight that changes has the
+    whole packed again at the next call.
+    """
+
+    def __init__(self, linears: list[PackedLinear]) -> None:
+        self.linears = linears
+        self.sizes = [linear.out_features for linear in linears]
+        self.min_rows = max(linear.min_rows for linear in linears)
+        self.repack()
+
+    def repack(self) -> None:
+        self.packed = _pack(torch.cat([linear.weight.detach() for linear in self.linears]))  # [sum(out), in]
+        self.packed_from = self._weight_keys()
+        for linear in self.linears:
+            linear.unpack()
+
+    def _weight_keys(self) -> list[tuple[int, int, torch.dtype]]:
+        return [linear._weight_key() for linear in self.linears]
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x [..., in] -> each layer's output [..., out_i] (views of one tensor)."""
+        if self._weight_keys() != self.packed_from:
+            if not all(linear.weight.is_cpu and linear.weight.dtype == x.dtype for linear in self.linears):
+                return tuple(linear(x) for linear in self.linears)  # moved or cast: each layer as it is
+            self.repack()
+        return _padded_linear(x, self.packed, None, self.min_rows).split(self.sizes, dim=-1)
+
+
+def fuse(linears: list[nn.Module]) -> FusedLinear | None:
+    """One `FusedLinear` for `linears`, or None where they cannot be fused exactly: not all packed, with a bias,
+    of other input widths or dtypes, or (`fusion_is_exact`) a CPU whose kernel gives a stacked weight's rows other
+    bits than the layers' own."""
+    if not all(isinstance(linear, PackedLinear) and linear.bias is None for linear in linears):
+        return None
+    first = linears[0].weight
+    if any(linear.in_features != linears[0].in_features or linear.weight.dtype != first.dtype or
+           not linear.weight.is_cpu for linear in linears) or not packing_available(first.dtype):
+        return None
+    shapes = tuple((linear.out_features, linear.min_rows) for linear in linears)
+    return FusedLinear(linears) if fusion_is_exact(first.dtype, linears[0].in_features, shapes) else None
+
+
+@cache
+def fusion_is_exact(dtype: torch.dtype, in_features: int, shapes: tuple[tuple[int, int], ...]) -> bool:
+    """Whether layers of these (out_features, min_rows), fused, give each output the bits of the layers alone for
+    every row count up to `MAX_INVARIANT_ROWS` (tried once per process on random numbers)."""
+    g = torch.Generator().manual_seed(2)
+    layers = []
+    for out_features, min_rows in shapes:
+        linear = nn.Linear(in_features, out_features, bias=False, dtype=dtype).requires_grad_(False)
+        linear.weight.copy_(torch.randn(out_features, in_features, generator=g) * 0.05)
+        layers.append(PackedLinear(linear, min_rows))
+    fused = FusedLinear(layers)
+    x = torch.randn(MAX_INVARIANT_ROWS, in_features, generator=g).to(dtype)
+    return all(torch.equal(part, layer(x[:n])) for n in range(1, MAX_INVARIANT_ROWS + 1)
+               for part, layer in zip(fused(x[:n]), layers))
 
 
 def pack_linears(model: nn.Module, min_rows: int = 1, plain_up_to: int = 0) -> int:

@@ -74,6 +74,22 @@ def test_blocks_longer_than_the_invariant_row_count_are_split(smollm2_exact):
     assert all(torch.equal(block[i], steps[i]) for i in range(len(tokens)))
 
 
+def test_the_direct_pass_has_the_bits_of_the_models_own_forward(smollm2_exact):
+    """The verifier runs SmolLM2's layers itself, its projections fused where that keeps their bits; a prefill, a
+    tree, a chain and a decode step give the bits of the model's own `forward` (which runs each layer unfused)."""
+    target = smollm2_exact.target
+    direct, through = make_verifier(target.model), make_verifier(target.model)
+    through.direct = False
+    assert direct.direct
+    tokens, parents = [5, 6, 7, 8, 9, 10, 11], TreeShape((2, 2, 1)).parents[:7]
+    for lm in (direct, through):
+        lm.outputs = [lm.prefill(list(range(1000, 1100))), lm.hidden]  # 100 tokens: the split layout has a head
+        lm.outputs += [lm.extend(tokens, parents), lm.hidden]
+        lm.commit(_branch(parents, 6))
+        lm.outputs += [lm.feed([12, 13, 14]), lm.feed([15]), lm.hidden]
+    assert all(torch.equal(a, b) for a, b in zip(direct.outputs, through.outputs, strict=True))
+
+
 @pytest.mark.parametrize("smollm2_exact", DTYPES[1:], ids=["bfloat16"], indirect=True)
 @pytest.mark.parametrize("prompt", ["Write a Python function that reverses a list.",
                                     "Summarise: the cat sat on the mat. The cat sat on the mat because it was warm."])
