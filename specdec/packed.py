@@ -142,7 +142,8 @@ class FusedLinear:
     instead of several, each part of the output the bits its own layer gives (`fuse` makes one only where this
     CPU's kernel does so). The layers' own packed copies are dropped, so each weight is held packed once; a layer
     called on its own (the model's own `forward`) packs itself again. A layer's weight that changes has the
-    whole packed again at the next call.
+    whole packed again at the next call. Inference only, like the pass that calls it (no autograd through the
+    packed weight).
     """
 
     def __init__(self, linears: list[PackedLinear]) -> None:

@@ -2,8 +2,11 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from specdec.kvcache import TreeLM
+from specdec.packed import PackedLinear, fuse, packing_available
 from specdec.tree import TreeShape
 from tests.tiny import tiny_llama
 
@@ -190,3 +193,23 @@ def test_the_direct_pass_gives_the_bits_of_the_models_own_forward(row_invariant)
 
     model.model.layers[1].mlp.__class__ = Custom
     assert not TreeLM(model).direct
+
+
+@pytest.mark.skipif(not packing_available(torch.float32), reason="no oneDNN packed float32 linear here")
+def test_fused_linears_give_each_layer_its_own_bits_and_follow_the_weights():
+    """q/k/v-like layers fused into one packed weight: each output has its own layer's bits at every row count, the
+    layers' packed copies are dropped and made again when a layer is called alone, and a weight changed in place
+    is packed again. Layers with a bias or another input width are not fused."""
+    torch.manual_seed(3)
+    layers = [PackedLinear(nn.Linear(64, out, bias=False).requires_grad_(False)) for out in (64, 16, 16)]
+    fused = fuse(layers)
+    assert fused is not None and all(layer.packed is None for layer in layers)
+    x = torch.randn(12, 64)
+    for n in (1, 2, 5, 12):
+        assert all(torch.equal(part, layer(x[:n])) for part, layer in zip(fused(x[:n]), layers))
+    assert all(layer.packed is not None for layer in layers)  # called alone: packed again
+    with torch.no_grad():
+        layers[1].weight.mul_(2)
+    assert torch.allclose(fused(x)[1], F.linear(x, layers[1].weight), atol=1e-5)
+    assert fuse([PackedLinear(nn.Linear(64, 8)), PackedLinear(nn.Linear(64, 8))]) is None  # biases
+    assert fuse([layers[0], PackedLinear(nn.Linear(32, 8, bias=False))]) is None
