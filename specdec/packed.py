@@ -184,16 +184,20 @@ def fuse(linears: list[nn.Module]) -> FusedLinear | None:
     return FusedLinear(linears) if fusion_is_exact(first.dtype, linears[0].in_features, shapes) else None
 
 
+def _random_linear(out_features: int, in_features: int, dtype: torch.dtype, generator: torch.Generator) -> nn.Linear:
+    """A bias-free linear layer with random weights of about a trained model's size, for the kernel probes."""
+    linear = nn.Linear(in_features, out_features, bias=False, dtype=dtype).requires_grad_(False)
+    linear.weight.copy_(torch.randn(out_features, in_features, generator=generator) * 0.05)
+    return linear
+
+
 @cache
 def fusion_is_exact(dtype: torch.dtype, in_features: int, shapes: tuple[tuple[int, int], ...]) -> bool:
     """Whether layers of these (out_features, min_rows), fused, give each output the bits of the layers alone for
     every row count up to `MAX_INVARIANT_ROWS` (tried once per process on random numbers)."""
     g = torch.Generator().manual_seed(2)
-    layers = []
-    for out_features, min_rows in shapes:
-        linear = nn.Linear(in_features, out_features, bias=False, dtype=dtype).requires_grad_(False)
-        linear.weight.copy_(torch.randn(out_features, in_features, generator=g) * 0.05)
-        layers.append(PackedLinear(linear, min_rows))
+    layers = [PackedLinear(_random_linear(out_features, in_features, dtype, g), min_rows)
+              for out_features, min_rows in shapes]
     fused = FusedLinear(layers)
     x = torch.randn(MAX_INVARIANT_ROWS, in_features, generator=g).to(dtype)
     return all(torch.equal(part, layer(x[:n])) for n in range(1, MAX_INVARIANT_ROWS + 1)
@@ -234,9 +238,8 @@ def shape_min_rows(dtype: torch.dtype, out_features: int, in_features: int, min_
     """1 where a lone row of this weight shape already gets the bits of any larger block's row (tried once per
     process on random numbers, up to `MAX_INVARIANT_ROWS` rows), else `min_rows`."""
     g = torch.Generator().manual_seed(1)
-    linear = nn.Linear(in_features, out_features, bias=False, dtype=dtype).requires_grad_(False)
-    linear.weight.copy_(torch.randn(out_features, in_features, generator=g) * 0.05)
-    packed, x = PackedLinear(linear), torch.randn(MAX_INVARIANT_ROWS, in_features, generator=g).to(dtype)
+    packed = PackedLinear(_random_linear(out_features, in_features, dtype, g))
+    x = torch.randn(MAX_INVARIANT_ROWS, in_features, generator=g).to(dtype)
     single = torch.cat([packed(x[i: i + 1]) for i in range(MAX_INVARIANT_ROWS)])
     invariant = all(torch.equal(packed(x[:n]), single[:n]) for n in range(2, MAX_INVARIANT_ROWS + 1))
     return 1 if invariant else min_rows
@@ -258,8 +261,7 @@ def probe_min_rows(dtype: torch.dtype, rows: int = MAX_INVARIANT_ROWS) -> int | 
     g = torch.Generator().manual_seed(0)
     layers = []
     for out_features, in_features in _PROBE_SHAPES:
-        linear = nn.Linear(in_features, out_features, bias=False, dtype=dtype).requires_grad_(False)
-        linear.weight.copy_(torch.randn(out_features, in_features, generator=g) * 0.05)
+        linear = _random_linear(out_features, in_features, dtype, g)
         layers.append((linear, torch.randn(rows, in_features, generator=g).to(dtype)))
     for min_rows in (1, 2):
         invariant = True

@@ -10,7 +10,7 @@ from specdec.engine import generate, make_verifier
 from specdec.kvcache import MAX_INVARIANT_ROWS, TreeLM
 from specdec.models import Models, row_invariant
 from specdec.tree import TreeShape
-from tests.test_kvcache import _branch
+from tests.test_kvcache import _branch, passes
 from tests.tiny import tiny_llama
 
 DTYPES = [pytest.param(dtype, marks=pytest.mark.skipif(not row_invariant(dtype), reason=f"this CPU's packed {dtype} "
@@ -81,13 +81,9 @@ def test_the_direct_pass_has_the_bits_of_the_models_own_forward(smollm2_exact):
     direct, through = make_verifier(target.model), make_verifier(target.model)
     through.direct = False
     assert direct.direct
-    tokens, parents = [5, 6, 7, 8, 9, 10, 11], TreeShape((2, 2, 1)).parents[:7]
-    for lm in (direct, through):
-        lm.outputs = [lm.prefill(list(range(1000, 1100))), lm.hidden]  # 100 tokens: the split layout has a head
-        lm.outputs += [lm.extend(tokens, parents), lm.hidden]
-        lm.commit(_branch(parents, 6))
-        lm.outputs += [lm.feed([12, 13, 14]), lm.feed([15]), lm.hidden]
-    assert all(torch.equal(a, b) for a, b in zip(direct.outputs, through.outputs, strict=True))
+    prompt, tokens, parents = list(range(1000, 1100)), [5, 6, 7, 8, 9, 10, 11], TreeShape((2, 2, 1)).parents[:7]
+    expected = passes(through, prompt, tokens, parents)  # 100 tokens of prompt: the split layout has a head
+    assert all(torch.equal(a, b) for a, b in zip(passes(direct, prompt, tokens, parents), expected, strict=True))
 
 
 @pytest.mark.parametrize("smollm2_exact", DTYPES[1:], ids=["bfloat16"], indirect=True)

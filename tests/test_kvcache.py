@@ -171,6 +171,14 @@ def test_a_fork_shares_the_weights_and_not_the_cache():
     torch.testing.assert_close(fork.feed([6]), lm.fork().feed([4, 5, 6])[-1:], atol=1e-5, rtol=1e-5)
 
 
+def passes(lm: TreeLM, prompt: list[int], tokens: list[int], parents: list[int]) -> list[torch.Tensor]:
+    """The logits and last hidden states of a prefill of `prompt`, a tree, a commit of its last node's branch, a
+    chain and a decode step (what `_llama_pass` must give as the model's own `forward` does)."""
+    out = [lm.prefill(prompt), lm.hidden, lm.extend(tokens, parents), lm.hidden]
+    lm.commit(_branch(parents, len(tokens) - 1))
+    return out + [lm.feed([7, 8, 9]), lm.feed([10]), lm.hidden]
+
+
 @pytest.mark.parametrize("row_invariant", [True, False])
 def test_the_direct_pass_gives_the_bits_of_the_models_own_forward(row_invariant):
     """`TreeLM` runs a transformers Llama's layers itself (`_llama_pass`); every pass (prefill, tree, chain, decode
@@ -181,12 +189,9 @@ def test_the_direct_pass_gives_the_bits_of_the_models_own_forward(row_invariant)
     assert direct.direct
     shape = TreeShape((2, 2, 1))
     tokens = [(3 * i + 5) % 11 for i in range(len(shape.parents))]
-    for lm in (direct, through):
-        lm.outputs = [lm.prefill(list(range(1, 10)) * 9)]  # 81 tokens: the split layout has a head to attend
-        lm.outputs += [lm.extend(tokens, shape.parents), lm.hidden]
-        lm.commit(_branch(shape.parents, len(tokens) - 1))
-        lm.outputs += [lm.feed([7, 8, 9]), lm.feed([10]), lm.hidden]
-    assert all(torch.equal(a, b) for a, b in zip(direct.outputs, through.outputs, strict=True))
+    prompt = list(range(1, 10)) * 9  # 81 tokens: the split layout has a head to attend
+    expected = passes(through, prompt, tokens, shape.parents)
+    assert all(torch.equal(a, b) for a, b in zip(passes(direct, prompt, tokens, shape.parents), expected, strict=True))
 
     class Custom(type(model.model.layers[0].mlp)):
         pass
