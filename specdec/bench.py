@@ -73,7 +73,7 @@ class MethodSpec(NamedTuple):
 
 def parse_method(name: str) -> MethodSpec:
     """`base[:tree][@reward][+lookup[N]][~Q]`, e.g. `mamba-tree:3,1,1`, `mamba-ucb@throughput`, `mamba-ucb+lookup`,
-    `mamba-ucb~0`.
+    `mamba-ucb~0`. A bandit method's `:` part is its arms, separated by `|`: `mamba-ucb:0|1|3|2,1,1`.
 
     `+lookup` grafts a prompt-lookup branch of N tokens (default LOOKUP_BRANCH) onto a neural drafter's trees;
     `~Q` trims the method's trees at branch probability Q (`GenerationConfig.min_branch_q`; `~0`: whole shapes).
@@ -272,8 +272,11 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
 
     def once(name: str, spec: MethodSpec, prompt: str, n_new: int, run_seed: int) -> Run:
         trim = _trim(spec, min_branch_q)
-        config = GenerationConfig(method=spec.base if spec.base in METHODS else "ar", tree=spec.tree,
-                                  temperature=temperature, max_new_tokens=n_new, seed=run_seed, arms=arms,
+        base = spec.base if spec.base in METHODS else "ar"
+        ucb = METHODS[base].policy == "ucb"  # a bandit method's `:` part names its arms
+        config = GenerationConfig(method=base, tree=None if ucb else spec.tree,
+                                  temperature=temperature, max_new_tokens=n_new, seed=run_seed,
+                                  arms=spec.tree if ucb and spec.tree else arms,
                                   reward=spec.reward or reward, lookup_branch=spec.lookup_branch,
                                   min_branch_q=GenerationConfig.min_branch_q if trim is None else trim,
                                   **exploration).validate()

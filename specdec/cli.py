@@ -95,7 +95,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--prompts", nargs="*", default=None, help="JSONL files (default: assets/prompts/*.jsonl)")
     b.add_argument("--methods", default=None,
                    help="comma-separated; a fixed shape as name:tree, e.g. mamba-tree:3;2;1 (';' inside the tree); "
-                        "a bandit's reward as name@reward, e.g. mamba-ucb@throughput (default: "
+                        "a bandit's reward as name@reward, e.g. mamba-ucb@throughput; its arms as name:arms, "
+                        "'|' between arms, e.g. mamba-ucb:0|3|2;1;1 (default: "
                         f"{DEFAULT_BENCH_METHODS}, unless only --cost-curve or --context-lengths is asked for)")
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--temperature", type=float, default=0.0)

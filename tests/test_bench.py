@@ -96,9 +96,11 @@ def test_lookup_branch_suffix(tiny_models, prompts):
 
 def test_bandit_settings_per_method(tiny_models, prompts):
     assert bench.parse_method("mamba-ucb@throughput") == ("mamba-ucb", None, "throughput", 0, None)
-    methods = ["ar", "mamba-ucb", "mamba-ucb@throughput", "mamba-ucb@paper"]
+    methods = ["ar", "mamba-ucb", "mamba-ucb@throughput", "mamba-ucb@paper", "mamba-ucb:0|3"]
     result = bench.benchmark(tiny_models, prompts[:2], methods, max_new_tokens=10, arms="0; 2,1",
                              log=lambda _: None)
+    assert set(result["methods"]["mamba-ucb:0|3"]["bandit_rounds"]) == {"none", "chain 3"}  # its own arms
+    methods = methods[:-1]
     assert result["config"]["arms"] == "0; 2,1" and result["config"]["reward"] == "pooled"
     assert result["config"]["lambda_ucb"] is None  # each reward's default, in each method's row
     assert [result["methods"][m]["lambda_ucb"] for m in methods] == [None, 0.1, 0.3, 0.3]

@@ -8,7 +8,7 @@ from specdec.drafters import MambaDrafter, Sampler
 from specdec.drafters.mamba import MambaState
 from specdec.drafters import mixer as mixer_module
 from specdec.drafters.mixer import (kernels_available, mixer_forward, mixer_sequence, mixer_step_kernel,
-                                    mixer_step_ref, scan_sequence, scan_step)
+                                    mixer_step_ref, mixer_weights, scan_sequence, scan_step)
 from specdec.tree import TreeShape, parse_shape
 from tests.tiny import tiny_mamba
 
@@ -35,7 +35,8 @@ def test_mixer_step_sequence_and_training_paths_agree():
     conv = torch.zeros(2, mixer.intermediate_size, mixer.conv_kernel_size)
     ssm = torch.zeros(2, mixer.intermediate_size, mixer.ssm_state_size)
     with torch.no_grad():
-        stepped = torch.stack([mixer_step_ref(mixer, hidden[:, t], conv, ssm) for t in range(7)], dim=1)
+        weights = mixer_weights(mixer)
+        stepped = torch.stack([mixer_step_ref(weights, hidden[:, t], conv, ssm) for t in range(7)], dim=1)
         out, (conv_last, ssm_last) = mixer_sequence(mixer, hidden)
     torch.testing.assert_close(out, stepped, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(conv_last, conv)
@@ -196,7 +197,7 @@ def test_cuda_kernels_agree_with_reference():
     state_a = MambaState(torch.randn(1, 4, mixer.intermediate_size, 4, device="cuda"),
                          torch.randn(1, 4, mixer.intermediate_size, 8, device="cuda"))
     state_b = MambaState(state_a.conv.clone(), state_a.ssm.clone())
-    y_ref = mixer_step_ref(mixer, x, state_a.conv[0], state_a.ssm[0])
-    y_ker = mixer_step_kernel(mixer, x, state_b.conv[0], state_b.ssm[0])
+    y_ref = mixer_step_ref(mixer_weights(mixer), x, state_a.conv[0], state_a.ssm[0])
+    y_ker = mixer_step_kernel(mixer_weights(mixer), x, state_b.conv[0], state_b.ssm[0])
     torch.testing.assert_close(y_ker, y_ref, atol=1e-3, rtol=1e-3)
     torch.testing.assert_close(state_b.ssm, state_a.ssm, atol=1e-3, rtol=1e-3)

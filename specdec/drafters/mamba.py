@@ -32,7 +32,8 @@ from transformers import MambaForCausalLM
 
 from specdec.drafters.base import Drafter, DraftTree, Sampler, TreeBuilder
 from specdec.drafters.cuda_graph import graphs_enabled, shared_graphs
-from specdec.drafters.mixer import kernels_available, mixer_sequence, mixer_step_kernel, mixer_step_ref
+from specdec.drafters.mixer import (kernels_available, mixer_sequence, mixer_step_kernel, mixer_step_ref,
+                                    mixer_weights, rms_norm)
 from specdec.models import LoadedModel, load_drafter_model
 from specdec.packed import head_linear
 from specdec.tree import TreeShape
@@ -113,6 +114,11 @@ class MambaDrafter(Drafter):
             raise ValueError("the Mamba drafter step supports the silu activation only")
         self.mixer_step = mixer_step_kernel if (kernels_available(self.device) if use_kernels is None
                                                 else use_kernels) else mixer_step_ref
+        backbone = model.backbone
+        # (RMSNorm weight, eps, the mixer's weights) per layer, then the final norm's: what a step reads
+        self.layers = [(b.norm.weight, b.norm.variance_epsilon, mixer_weights(b.mixer)) for b in backbone.layers]
+        self.residual_in_fp32 = [b.residual_in_fp32 for b in backbone.layers]
+        self.norm_f = (backbone.norm_f.weight, backbone.norm_f.variance_epsilon)
         weight = model.get_output_embeddings().weight  # [V_d, d]
         if head_ids is not None and int(head_ids.max()) >= min(len(weight), vocab_size):
             raise ValueError("draft_vocab.json names token ids beyond the drafter's or the target's vocabulary")
@@ -149,18 +155,17 @@ class MambaDrafter(Drafter):
     @torch.inference_mode()
     def step_eager(self, tokens: torch.Tensor, state: MambaState, logits: bool = True) -> torch.Tensor | None:
         """`step` in plain PyTorch, kernel by kernel: the reference the CUDA graphs record and are checked against."""
-        backbone = self.model.backbone
         # a target token the drafter has no embedding for only makes drafting worse, never inexact
-        h = backbone.embeddings(tokens.clamp_max(self.max_input_id))  # [B, d]
-        for layer, block in enumerate(backbone.layers):  # as MambaBlock.forward, one token per row
-            x = block.norm(h.to(block.norm.weight.dtype))
-            residual = h.float() if block.residual_in_fp32 else h
-            h = residual + self.mixer_step(block.mixer, x, state.conv[layer], state.ssm[layer])
+        h = self.model.backbone.embeddings(tokens.clamp_max(self.max_input_id))  # [B, d]
+        for layer, (norm, eps, weights) in enumerate(self.layers):  # as MambaBlock.forward, one token per row
+            x = rms_norm(h, norm, eps)
+            residual = h.float() if self.residual_in_fp32[layer] else h
+            h = residual + self.mixer_step(weights, x, state.conv[layer], state.ssm[layer])
         return self._logits(h) if logits else None
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         """The last layer's output h [B, d] -> logits [B, V] (target width)."""
-        h = self.model.backbone.norm_f(h).to(self.head.weight.dtype)
+        h = rms_norm(h, *self.norm_f).to(self.head.weight.dtype)
         scores = self.head(h).float()  # [B, V_head]
         if self.head_ids is not None:
             return scatter_head(scores, self.head_ids, self.vocab_size)
@@ -212,10 +217,8 @@ class MambaDrafter(Drafter):
     def catch_up(self) -> None:
         """Feed row 0 the accepted tokens it has not seen (`unfed`); the root's logits follow from it."""
         if self.unfed:
-            row = torch.tensor([0], device=self.device)
-            state = self.buffers.select(row)
-            self.root_logits = self.feed(self.unfed, state)
-            self.buffers.write(row, state)
+            root = MambaState(self.buffers.conv[:, :1], self.buffers.ssm[:, :1])  # row 0 itself, fed in place
+            self.root_logits = self.feed(self.unfed, root)
             self.unfed = []
 
     def commit(self, path: list[int], next_token: int, unseen: Sequence[int] = (),

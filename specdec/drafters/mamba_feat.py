@@ -39,7 +39,7 @@ from transformers.models.mamba.modeling_mamba import MambaBlock, MambaRMSNorm
 
 from specdec.drafters.base import Drafter, DraftTree, Sampler
 from specdec.drafters.mamba import MambaState, deepest_stepped, draft_tree
-from specdec.drafters.mixer import mixer_sequence, mixer_step_ref
+from specdec.drafters.mixer import mixer_sequence, mixer_step_ref, mixer_weights, rms_norm
 from specdec.models import LoadedModel, load_feat_drafter
 from specdec.packed import head_linear
 from specdec.tree import TreeShape
@@ -150,6 +150,8 @@ class MambaFeatDrafter(Drafter):
         self.head_ids = head_ids.to(self.device)
         self.head = head_linear(head.detach()[self.head_ids].to(model.dtype))  # [H, D]: the draft vocabulary's rows
         self.zero_feature = torch.zeros(model.config.target_hidden, device=self.device)
+        # (RMSNorm weight, eps, the mixer's weights) per layer: what a step reads
+        self.layers = [(b.norm.weight, b.norm.variance_epsilon, mixer_weights(b.mixer)) for b in model.layers]
 
     @staticmethod
     def load(spec: str, device: torch.device, dtype: torch.dtype, target: LoadedModel) -> LoadedModel:
@@ -168,9 +170,8 @@ class MambaFeatDrafter(Drafter):
         Returns (f̂ [B, D], logits [B, V] over the target's vocabulary, -inf outside the draft head) or None.
         """
         h = self.model.fuse(self.embedding(tokens), features)  # [B, d]
-        for layer, block in enumerate(self.model.layers):
-            x = block.norm(h.to(block.norm.weight.dtype))
-            h = h.float() + mixer_step_ref(block.mixer, x, state.conv[layer], state.ssm[layer])
+        for layer, (norm, eps, weights) in enumerate(self.layers):
+            h = h.float() + mixer_step_ref(weights, rms_norm(h, norm, eps), state.conv[layer], state.ssm[layer])
         if not logits:
             return None
         guess = self.model.read_out(h)  # [B, D]

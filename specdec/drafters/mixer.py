@@ -10,7 +10,8 @@ Glossary (Mamba paper / mamba-minimal):
 
 One mixer pass is: `project_in` (x, z) -> causal depthwise conv (`conv_step` or `conv_sequence`) ->
 `ssm_parameters` (Δ, A, B, C) -> a scan (`scan_step`, `scan_sequence`, or the trainable `selective_scan`) ->
-`project_out` (skip D x, gate silu(z), out_proj). Three paths are built from these pieces:
+`project_out` (skip D x, gate silu(z), out_proj). The pieces read the mixer's parameters as `MixerWeights`, made
+once per drafter for its steps, so a step is plain tensor operations. Three paths are built from these pieces:
 - `mixer_step_ref`: one recurrent step from a state (the drafters' step); `mixer_step_kernel` is its twin with
   the conv and scan steps replaced by the fused CUDA kernels of causal_conv1d and mamba_ssm;
 - `mixer_sequence`: a whole sequence from a zero state (prefill) or from a given one (a drafter catching up
@@ -23,6 +24,7 @@ The linear layers (in_proj, x_proj, out_proj) run in the weights' dtype, everyth
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -40,67 +42,99 @@ def kernels_available(device: torch.device) -> bool:
     return device.type == "cuda" and _ssm_update_kernel is not None and _conv_update_kernel is not None
 
 
+# --- the weights ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MixerWeights:
+    """One mixer's parameters as the pieces read them: the linears' weights in their own dtype, the rest float32,
+    and A = -exp(A_log), made once (`mixer_weights`). They are the mixer's own tensors (views; copies where a dtype
+    changes) except A: a drafter makes them when it is built and steps with them, a sequence pass (the training
+    pass too, gradients flowing through them to the parameters) makes them each time."""
+
+    in_proj: torch.Tensor  # [2 d_in, d]
+    in_proj_bias: torch.Tensor | None
+    conv: torch.Tensor  # [d_in, K], float32
+    conv_bias: torch.Tensor | None  # [d_in], float32
+    x_proj: torch.Tensor  # [R + 2N, d_in]
+    dt_proj: torch.Tensor  # [d_in, R], float32
+    dt_bias: torch.Tensor  # [d_in], float32
+    A: torch.Tensor  # [d_in, N], float32
+    D: torch.Tensor  # [d_in], float32
+    out_proj: torch.Tensor  # [d, d_in]
+    out_proj_bias: torch.Tensor | None
+    act: Callable[[torch.Tensor], torch.Tensor]
+    rank: int  # R
+    state_size: int  # N
+
+
+def mixer_weights(mixer) -> MixerWeights:
+    """A Hugging Face `MambaMixer`'s parameters as `MixerWeights`."""
+    conv_bias = mixer.conv1d.bias
+    return MixerWeights(
+        mixer.in_proj.weight, mixer.in_proj.bias, mixer.conv1d.weight[:, 0, :].float(),
+        conv_bias.float() if conv_bias is not None else None, mixer.x_proj.weight, mixer.dt_proj.weight.float(),
+        mixer.dt_proj.bias.float(), -torch.exp(mixer.A_log.float()), mixer.D.float(), mixer.out_proj.weight,
+        mixer.out_proj.bias, F.silu if getattr(mixer, "activation", None) == "silu" else mixer.act,
+        mixer.time_step_rank, mixer.ssm_state_size)
+
+
+def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """A Mamba block's RMSNorm (`MambaRMSNorm`): normalised in float32, then scaled in the weight's dtype."""
+    return weight * F.rms_norm(hidden.float(), hidden.shape[-1:], eps=eps).to(weight.dtype)
+
+
 # --- the pieces -------------------------------------------------------------------------------------------------
-def project_in(mixer, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def project_in(w: MixerWeights, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[..., d] -> (the conv's input, the gate z), [..., d_in] each, float32."""
-    x, z = mixer.in_proj(hidden).float().chunk(2, dim=-1)
+    x, z = F.linear(hidden, w.in_proj, w.in_proj_bias).float().chunk(2, dim=-1)
     return x, z
 
 
-def conv_weights(mixer) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The depthwise conv's weight [d_in, 1, K] and bias [d_in] (or None), float32."""
-    bias = mixer.conv1d.bias.float() if mixer.conv1d.bias is not None else None
-    return mixer.conv1d.weight.float(), bias
-
-
-def conv_step(mixer, window: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def conv_step(w: MixerWeights, window: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """Shift x [B, d_in] into the conv window [B, d_in, K] (in place) -> act(conv) [B, d_in]."""
-    weight, bias = conv_weights(mixer)
     window.copy_(torch.roll(window, shifts=-1, dims=-1))
     window[:, :, -1] = x
-    out = (window * weight[:, 0, :]).sum(-1)  # [B, d_in]
-    return mixer.act(out + bias if bias is not None else out)
+    out = (window * w.conv).sum(-1)  # [B, d_in]
+    return w.act(out + w.conv_bias if w.conv_bias is not None else out)
 
 
-def conv_sequence(mixer, x: torch.Tensor, window: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def conv_sequence(w: MixerWeights, x: torch.Tensor,
+                  window: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The causal conv over x [b, l, d_in] from a zero window, or from `window` [b, d_in, K] (the conv's inputs
     before x, as `conv_step` keeps them) -> (act(conv) [b, l, d_in], window after the last token [b, d_in, K]: its
     last K inputs, zero-padded on the left)."""
-    length, K = x.shape[1], mixer.conv_kernel_size
-    weight, bias = conv_weights(mixer)
+    length, K = x.shape[1], w.conv.shape[1]
     if window is None:
         x = x.transpose(1, 2)  # [b, d_in, l]
-        out = F.conv1d(x, weight, bias, padding=K - 1, groups=x.shape[1])[..., :length]  # [b, d_in, l]
-        return mixer.act(out).transpose(1, 2), F.pad(x, (max(K - length, 0), 0))[..., -K:]
+        out = F.conv1d(x, w.conv[:, None], w.conv_bias, padding=K - 1, groups=x.shape[1])[..., :length]
+        return w.act(out).transpose(1, 2), F.pad(x, (max(K - length, 0), 0))[..., -K:]
     # From a window, time-major: the K taps as multiply-adds over [b, l, d_in] rows, as `conv_step` sums them,
     # with no transposed copy of x.
     full = torch.cat([window[..., 1:].transpose(1, 2), x], dim=1)  # [b, K - 1 + l, d_in]
-    taps = weight[:, 0, :].t()  # [K, d_in]
+    taps = w.conv.t()  # [K, d_in]
     out = full[:, :length] * taps[0]
     for k in range(1, K):
         out.addcmul_(full[:, k: k + length], taps[k])
-    if bias is not None:
-        out += bias
-    return mixer.act(out), full[:, -K:].transpose(1, 2)
+    if w.conv_bias is not None:
+        out += w.conv_bias
+    return w.act(out), full[:, -K:].transpose(1, 2)
 
 
-def ssm_parameters(mixer, x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+def ssm_parameters(w: MixerWeights, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The selection: x [..., d_in] -> (Δ [..., d_in], A [d_in, N], B [..., N], C [..., N]), float32.
 
-    Δ = softplus(dt_proj(x_proj_Δ(x))) through the rank-R projection, B and C from x_proj, A = -exp(A_log); the
-    scan discretises them (Ā = exp(Δ A), B̄ x = Δ B x). x_proj runs in `dtype`, the weights'.
+    Δ = softplus(dt_proj(x_proj_Δ(x))) through the rank-R projection, B and C from x_proj; the scan discretises
+    them (Ā = exp(Δ A), B̄ x = Δ B x). x_proj runs in its weight's dtype.
     """
-    R, N = mixer.time_step_rank, mixer.ssm_state_size
-    dt, B, C = torch.split(mixer.x_proj(x.to(dtype)).float(), [R, N, N], dim=-1)  # [..., R], [..., N], [..., N]
-    dt = F.softplus(F.linear(dt, mixer.dt_proj.weight.float(), mixer.dt_proj.bias.float()))  # Δ [..., d_in]
-    return dt, -torch.exp(mixer.A_log.float()), B, C
+    N = w.state_size
+    dt, B, C = torch.split(F.linear(x.to(w.x_proj.dtype), w.x_proj).float(), [w.rank, N, N], dim=-1)
+    return F.softplus(F.linear(dt, w.dt_proj, w.dt_bias)), w.A, B, C  # Δ [..., d_in]
 
 
 def scan_step(s: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
               C: torch.Tensor) -> torch.Tensor:
     """s_t = exp(Δ A) s_{t-1} + Δ B x with s [B, d_in, N] updated in place; x, Δ [B, d_in], B, C [B, N] -> C · s_t
     [B, d_in]."""
-    s.copy_(s * torch.exp(dt[..., None] * A) + (dt * x)[..., None] * B[:, None, :])
+    s.mul_(torch.exp(dt[..., None] * A)).addcmul_((dt * x)[..., None], B[:, None, :])
     return (s @ C[..., None]).squeeze(-1)
 
 
@@ -137,33 +171,32 @@ def scan_sequence(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.T
     return y, state
 
 
-def project_out(mixer, y: torch.Tensor, x: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The scan's C · s [..., d_in] plus the skip D x, gated by silu(z), through out_proj (in `dtype`) -> [..., d]."""
-    return mixer.out_proj(((y + mixer.D.float() * x) * F.silu(z)).to(dtype))
+def project_out(w: MixerWeights, y: torch.Tensor, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """The scan's C · s [..., d_in] plus the skip D x, gated by silu(z), through out_proj (in its weight's dtype)
+    -> [..., d]."""
+    return F.linear((torch.addcmul(y, w.D, x) * F.silu(z)).to(w.out_proj.dtype), w.out_proj, w.out_proj_bias)
 
 
 # --- one step from a state --------------------------------------------------------------------------------------
-def _step(mixer, hidden: torch.Tensor, window: torch.Tensor, s: torch.Tensor, conv: Callable,
+def _step(w: MixerWeights, hidden: torch.Tensor, window: torch.Tensor, s: torch.Tensor, conv: Callable,
           scan: Callable) -> torch.Tensor:
-    x, z = project_in(mixer, hidden)  # [B, d_in] each
-    x = conv(mixer, window, x)  # window shifted in place
-    dt, A, B, C = ssm_parameters(mixer, x, hidden.dtype)
-    return project_out(mixer, scan(s, x, dt, A, B, C), x, z, hidden.dtype)  # s updated in place
+    x, z = project_in(w, hidden)  # [B, d_in] each
+    x = conv(w, window, x)  # window shifted in place
+    return project_out(w, scan(s, x, *ssm_parameters(w, x)), x, z)  # s updated in place
 
 
-def mixer_step_ref(mixer, hidden: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:
+def mixer_step_ref(w: MixerWeights, hidden: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:
     """One recurrent step; hidden [B, d] -> [B, d]; conv [B, d_in, K] and ssm [B, d_in, N] updated in place."""
-    return _step(mixer, hidden, conv, ssm, conv_step, scan_step)
+    return _step(w, hidden, conv, ssm, conv_step, scan_step)
 
 
-def _conv_step_kernel(mixer, window: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    weight, bias = conv_weights(mixer)
-    return _conv_update_kernel(x, window, weight[:, 0, :], bias, "silu")
+def _conv_step_kernel(w: MixerWeights, window: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return _conv_update_kernel(x, window, w.conv, w.conv_bias, "silu")
 
 
-def mixer_step_kernel(mixer, hidden: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:
+def mixer_step_kernel(w: MixerWeights, hidden: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:
     """`mixer_step_ref` with the conv and scan steps of causal_conv1d's and mamba_ssm's fused CUDA kernels."""
-    return _step(mixer, hidden, conv, ssm, _conv_step_kernel, _ssm_update_kernel)
+    return _step(w, hidden, conv, ssm, _conv_step_kernel, _ssm_update_kernel)
 
 
 # --- a whole sequence from a zero state, or from a given one ----------------------------------------------------
@@ -172,11 +205,12 @@ def mixer_sequence(mixer, hidden: torch.Tensor, scan: Scan = scan_sequence,
                    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """hidden [b, l, d] -> (out [b, l, d], (conv [b, d_in, K], ssm [b, d_in, N]) states after the last token), from
     zero states or (with `scan_sequence`) from `state`, the (conv, ssm) states before the first token."""
-    x, z = project_in(mixer, hidden)  # [b, l, d_in] each
-    x, window = conv_sequence(mixer, x, None if state is None else state[0])
-    dt, A, B, C = ssm_parameters(mixer, x, hidden.dtype)
+    w = mixer_weights(mixer)
+    x, z = project_in(w, hidden)  # [b, l, d_in] each
+    x, window = conv_sequence(w, x, None if state is None else state[0])
+    dt, A, B, C = ssm_parameters(w, x)
     y, s = scan(x, dt, A, B, C) if state is None else scan(x, dt, A, B, C, state[1])
-    return project_out(mixer, y, x, z, hidden.dtype), (window, s)
+    return project_out(w, y, x, z), (window, s)
 
 
 def mixer_forward(mixer, hidden: torch.Tensor) -> torch.Tensor:
