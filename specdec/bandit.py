@@ -11,7 +11,8 @@ Rewards (`value_k` is the arm's mean reward):
                 pooled over all shapes, forgets fast (ACCEPT_MEMORY a round, drafting or not) and counts for
                 less when a new prompt starts (NEW_PROMPT_KEEP). So on a text the
                 drafter cannot guess, every drafting arm falls at once, after a few rounds of any of them, and
-                arm "0" wins.
+                arm "0" wins; while it does, the chances drift back to the priors until a drafting arm is tried
+                again, and each such try that keeps nothing makes the next drift slower (IDLE_BACKOFF).
     throughput  the arm's measured tokens per second: the tokens its rounds emitted over the seconds they took,
                 divided by the best arm's. Every round weighs past rounds by DISCOUNT (discounted UCB). Each
                 arm learns from its own rounds only.
@@ -33,6 +34,7 @@ DISCOUNT = 0.97  # throughput: the weight of a round one round older (a memory o
 COST_DISCOUNT = 0.99  # pooled: the same for an arm's seconds per round and its pulls (costs change slowly)
 ACCEPT_MEMORY = 0.9  # pooled: the weight of a round's depth outcomes one round (drafting or not) older
 NEW_PROMPT_KEEP = 0.1  # pooled: the weight left to the depth outcomes of earlier prompts when a new one starts
+IDLE_BACKOFF = 4  # pooled: rounds of arm "0" fade the outcomes up to this many times slower after failed tries
 FIRST_PRIOR = (0.5, 1.0)  # pooled: (mean, weight in rounds) of the chance that a depth's first child is kept
 OTHER_PRIOR = (0.2, 1.0)  # pooled: the same for a sibling being kept when the first child is not
 BEYOND_PRIOR = (0.0, 1.0)  # pooled: the same for a grafted branch going on past the shape
@@ -113,6 +115,7 @@ class UCBBandit:
         self.other = _Rates()  # pooled: (depth, width >= 2) -> was a sibling kept when the first child was not
         self.beyond = _Rates()  # pooled: (depth, 0) -> did the path go on past the shape (a grafted branch)
         self.last: tuple[int, float] | None = None  # (arm, the last round's raw reward: paper's r, or tokens/s)
+        self.backoff = 1  # pooled: how many times slower than ACCEPT_MEMORY a round of arm "0" fades the outcomes
 
     @classmethod
     def for_config(cls, config) -> UCBBandit:
@@ -190,6 +193,7 @@ class UCBBandit:
         """A new generation starts: pooled, what the drafter's guesses did on earlier text counts for less."""
         for rates in (self.first, self.other, self.beyond):
             rates.scale(NEW_PROMPT_KEEP)
+        self.backoff = 1
 
     def observe(self, arm: int, n_accept: int, depth: int, seconds: float,
                 outcomes: Sequence[DepthOutcome] = ()) -> None:
@@ -216,9 +220,15 @@ class UCBBandit:
     def _learn_depths(self, outcomes: Sequence[DepthOutcome]) -> None:
         """Every round fades what earlier rounds showed (ACCEPT_MEMORY), a round of arm "0" (no outcomes) too, so
         that while no arm drafts the chances drift back to their priors and a drafting arm is tried again: a few
-        unlucky rounds do not settle the question for good. A drafting round adds its outcomes."""
+        unlucky rounds do not settle the question for good. But each drafting round that keeps no drafted token
+        doubles how many rounds of arm "0" that drift takes (up to IDLE_BACKOFF times), and one that keeps a
+        token resets it: on a text the drafter cannot guess, the tries, each a loss, come ever more seldom. A
+        drafting round adds its outcomes."""
+        fade = ACCEPT_MEMORY if outcomes else ACCEPT_MEMORY ** (1 / self.backoff)
         for rates in (self.first, self.other, self.beyond):
-            rates.scale(ACCEPT_MEMORY)
+            rates.scale(fade)
+        if outcomes:
+            self.backoff = 1 if DepthOutcome(*outcomes[0]).kept else min(2 * self.backoff, IDLE_BACKOFF)
         for depth, width, kept, first in outcomes:
             if width == 0:
                 self.beyond.add((depth, 0), kept)

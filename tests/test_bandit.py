@@ -3,6 +3,7 @@ import random
 
 import pytest
 
+from specdec import bandit as bandit_module
 from specdec.bandit import ACCEPT_MEMORY, DISCOUNT, NEW_PROMPT_KEEP, UCBBandit, depth_outcomes, paper_reward
 from specdec.config import GenerationConfig
 from specdec.tree import parse_arms
@@ -170,6 +171,21 @@ def test_the_pooled_bandit_follows_the_text_at_hand_faster():
             lost[reward].append(1 - loses)
     assert all(x < 0.10 for x in lost["pooled"]), lost  # 0.08-0.10, against 0.12-0.14
     assert sum(lost["pooled"]) < 0.8 * sum(lost["throughput"]), lost
+
+
+def test_the_pooled_bandit_tries_ever_more_seldom_on_a_text_it_cannot_guess(monkeypatch):
+    """A drafter that never guesses (a new prompt every 50 rounds): every drafting round is a loss, so what the
+    bandit loses to the target alone is its tries. Each try that keeps nothing makes the fade that leads to the
+    next one slower (IDLE_BACKOFF): it loses about 5%, against about 9% with the fade at one pace."""
+    def lost() -> list[float]:
+        return [1 - _run(GenerationConfig(method="mamba-ucb"), [(0.0, CHEAP)], seed, prompt_rounds=50)[1][0]
+                for seed in (1, 2, 3, 4)]
+
+    backing_off = lost()
+    monkeypatch.setattr(bandit_module, "IDLE_BACKOFF", 1)
+    one_pace = lost()
+    assert all(x < 0.07 for x in backing_off), backing_off  # 0.049-0.064
+    assert sum(backing_off) < 0.75 * sum(one_pace), (backing_off, one_pace)  # 0.090-0.096
 
 
 class _FrozenWhileIdle(UCBBandit):
