@@ -47,6 +47,30 @@ def test_mixer_step_sequence_and_training_paths_agree():
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in mixer.parameters())
 
 
+def test_the_step_calls_a_packed_linear_and_reads_a_plain_ones_weight():
+    """`MixerWeights` calls a linear layer the loader packed (`specdec.packed`) as itself, and multiplies by a plain
+    one's weight directly; the step gives the same outputs and states either way."""
+    from specdec.packed import PackedLinear, pack_linears, packing_available
+    plain = tiny_mamba(V, seed=2)
+    if not packing_available(torch.float32):
+        pytest.skip("no packed float32 linear on this CPU")
+    packed = tiny_mamba(V, seed=2)
+    assert pack_linears(packed) > 0
+    mixer = packed.backbone.layers[0].mixer
+    weights, plain_weights = mixer_weights(mixer), mixer_weights(plain.backbone.layers[0].mixer)
+    assert isinstance(mixer.in_proj, PackedLinear) and weights.in_proj is mixer.in_proj
+    assert plain_weights.in_proj.func is torch.nn.functional.linear
+    assert plain_weights.in_proj.keywords["weight"] is plain.backbone.layers[0].mixer.in_proj.weight
+    hidden = torch.randn(3, 32, generator=torch.Generator().manual_seed(0))
+    states = [(torch.zeros(3, mixer.intermediate_size, mixer.conv_kernel_size),
+               torch.zeros(3, mixer.intermediate_size, mixer.ssm_state_size)) for _ in range(2)]
+    with torch.no_grad():
+        for _ in range(3):
+            outs = [mixer_step_ref(w, hidden, *state) for w, state in zip((weights, plain_weights), states)]
+            torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(states[0][1], states[1][1], atol=1e-5, rtol=1e-5)
+
+
 def test_the_sequence_scan_equals_steps_across_its_chunks(monkeypatch):
     """`scan_sequence` makes Ā and B̄x a chunk of time steps at a time: its outputs and last state equal `scan_step`'s
     over lengths that end inside, at, and past a chunk's end, from a zero state and from a given one (not changed)."""

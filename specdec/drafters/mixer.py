@@ -25,9 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 try:  # GPU kernels; absent (or failing to import) without CUDA
     from causal_conv1d import causal_conv1d_update as _conv_update_kernel
@@ -35,6 +37,7 @@ try:  # GPU kernels; absent (or failing to import) without CUDA
 except Exception:  # noqa: BLE001 - any import failure means "no kernels"
     _conv_update_kernel = _ssm_update_kernel = None
 
+Linear = Callable[[torch.Tensor], torch.Tensor]  # [..., in] -> [..., out]
 Scan = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # (x, Δ, A, B, C) -> (y [b, l, d_in], last s [b, d_in, N])
 
 
@@ -45,36 +48,43 @@ def kernels_available(device: torch.device) -> bool:
 # --- the weights ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class MixerWeights:
-    """One mixer's parameters as the pieces read them: the linears' weights in their own dtype, the rest float32,
-    and A = -exp(A_log), made once (`mixer_weights`). They are the mixer's own tensors (views; copies where a dtype
-    changes) except A: a drafter makes them when it is built and steps with them, a sequence pass (the training
-    pass too, gradients flowing through them to the parameters) makes them each time."""
+    """One mixer's parameters as the pieces read them, made once (`mixer_weights`): the linear layers as calls in
+    their weights' dtype, the rest float32, and A = -exp(A_log). They read the mixer's own tensors (views; copies
+    where a dtype changes) except A: a drafter makes them when it is built and steps with them, a sequence pass
+    (the training pass too, gradients flowing through them to the parameters) makes them each time."""
 
-    in_proj: torch.Tensor  # [2 d_in, d]
-    in_proj_bias: torch.Tensor | None
+    in_proj: Linear  # d -> 2 d_in
+    x_proj: Linear  # d_in -> R + 2N
+    out_proj: Linear  # d_in -> d
+    dtype: torch.dtype  # the linears' weights'
     conv: torch.Tensor  # [d_in, K], float32
     conv_bias: torch.Tensor | None  # [d_in], float32
-    x_proj: torch.Tensor  # [R + 2N, d_in]
     dt_proj: torch.Tensor  # [d_in, R], float32
     dt_bias: torch.Tensor  # [d_in], float32
     A: torch.Tensor  # [d_in, N], float32
     D: torch.Tensor  # [d_in], float32
-    out_proj: torch.Tensor  # [d, d_in]
-    out_proj_bias: torch.Tensor | None
     act: Callable[[torch.Tensor], torch.Tensor]
     rank: int  # R
     state_size: int  # N
+
+
+def _linear(module: nn.Module) -> Linear:
+    """A linear layer as a call: a plain `nn.Linear` as `F.linear` on its weight (no module call), anything else
+    (a packed linear of `specdec.packed`, which the loader makes of a drafter's larger layers) as itself."""
+    if type(module) is nn.Linear:
+        return partial(F.linear, weight=module.weight, bias=module.bias)
+    return module
 
 
 def mixer_weights(mixer) -> MixerWeights:
     """A Hugging Face `MambaMixer`'s parameters as `MixerWeights`."""
     conv_bias = mixer.conv1d.bias
     return MixerWeights(
-        mixer.in_proj.weight, mixer.in_proj.bias, mixer.conv1d.weight[:, 0, :].float(),
-        conv_bias.float() if conv_bias is not None else None, mixer.x_proj.weight, mixer.dt_proj.weight.float(),
-        mixer.dt_proj.bias.float(), -torch.exp(mixer.A_log.float()), mixer.D.float(), mixer.out_proj.weight,
-        mixer.out_proj.bias, F.silu if getattr(mixer, "activation", None) == "silu" else mixer.act,
-        mixer.time_step_rank, mixer.ssm_state_size)
+        _linear(mixer.in_proj), _linear(mixer.x_proj), _linear(mixer.out_proj), mixer.in_proj.weight.dtype,
+        mixer.conv1d.weight[:, 0, :].float(), conv_bias.float() if conv_bias is not None else None,
+        mixer.dt_proj.weight.float(), mixer.dt_proj.bias.float(), -torch.exp(mixer.A_log.float()), mixer.D.float(),
+        F.silu if getattr(mixer, "activation", None) == "silu" else mixer.act, mixer.time_step_rank,
+        mixer.ssm_state_size)
 
 
 def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -85,7 +95,7 @@ def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
 # --- the pieces -------------------------------------------------------------------------------------------------
 def project_in(w: MixerWeights, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[..., d] -> (the conv's input, the gate z), [..., d_in] each, float32."""
-    x, z = F.linear(hidden, w.in_proj, w.in_proj_bias).float().chunk(2, dim=-1)
+    x, z = w.in_proj(hidden).float().chunk(2, dim=-1)
     return x, z
 
 
@@ -126,7 +136,7 @@ def ssm_parameters(w: MixerWeights, x: torch.Tensor) -> tuple[torch.Tensor, ...]
     them (Ā = exp(Δ A), B̄ x = Δ B x). x_proj runs in its weight's dtype.
     """
     N = w.state_size
-    dt, B, C = torch.split(F.linear(x.to(w.x_proj.dtype), w.x_proj).float(), [w.rank, N, N], dim=-1)
+    dt, B, C = torch.split(w.x_proj(x.to(w.dtype)).float(), [w.rank, N, N], dim=-1)
     return F.softplus(F.linear(dt, w.dt_proj, w.dt_bias)), w.A, B, C  # Δ [..., d_in]
 
 
@@ -174,7 +184,7 @@ def scan_sequence(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.T
 def project_out(w: MixerWeights, y: torch.Tensor, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     """The scan's C · s [..., d_in] plus the skip D x, gated by silu(z), through out_proj (in its weight's dtype)
     -> [..., d]."""
-    return F.linear((torch.addcmul(y, w.D, x) * F.silu(z)).to(w.out_proj.dtype), w.out_proj, w.out_proj_bias)
+    return w.out_proj((torch.addcmul(y, w.D, x) * F.silu(z)).to(w.dtype))
 
 
 # --- one step from a state --------------------------------------------------------------------------------------
