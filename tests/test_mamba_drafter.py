@@ -51,10 +51,9 @@ def test_the_step_calls_a_packed_linear_and_reads_a_plain_ones_weight():
     """`MixerWeights` calls a linear layer the loader packed (`specdec.packed`) as itself, and multiplies by a plain
     one's weight directly; the step gives the same outputs and states either way."""
     from specdec.packed import PackedLinear, pack_linears, packing_available
-    plain = tiny_mamba(V, seed=2)
     if not packing_available(torch.float32):
         pytest.skip("no packed float32 linear on this CPU")
-    packed = tiny_mamba(V, seed=2)
+    plain, packed = tiny_mamba(V, seed=2), tiny_mamba(V, seed=2)
     assert pack_linears(packed) > 0
     mixer = packed.backbone.layers[0].mixer
     weights, plain_weights = mixer_weights(mixer), mixer_weights(plain.backbone.layers[0].mixer)
