@@ -136,7 +136,8 @@ def finite(name: str, value) -> float:
 
 
 def settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup,
-                min_branch_q=DEFAULTS["min_branch_q"], limits: Limits = Limits()) -> dict:
+                min_branch_q=DEFAULTS["min_branch_q"], min_expand_q=DEFAULTS["min_expand_q"],
+                limits: Limits = Limits()) -> dict:
     """The engine's keyword settings from the page's values; non-numbers, seeds out of range and token counts
     above the cap are refused in one sentence."""
     tokens = finite("max new tokens", max_new_tokens)
@@ -148,10 +149,13 @@ def settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_uc
     trim = finite("the trimming threshold", min_branch_q)
     if not 0.0 <= trim < 1.0:
         raise gr.Error("Invalid settings: the trimming threshold (min_branch_q) must be at least 0 and below 1.")
+    expand = finite("the expansion threshold", min_expand_q)
+    if not 0.0 <= expand <= 1.0:
+        raise gr.Error("Invalid settings: the expansion threshold (min_expand_q) must be from 0 to 1.")
     return dict(method=method, tree=(tree or "").strip() or None, arms=(arms or "").strip() or None,
                 temperature=finite("temperature", temperature), max_new_tokens=int(tokens), seed=int(seed),
                 lambda_ucb=finite("λ_UCB", lambda_ucb), reward=reward, lookup_branch=LOOKUP_BRANCH if lookup else 0,
-                min_branch_q=trim)
+                min_branch_q=trim, min_expand_q=expand)
 
 
 def page_handler(handler, limits: Limits):
@@ -159,9 +163,9 @@ def page_handler(handler, limits: Limits):
     `SETTINGS` and the session."""
 
     def on_page(prompt, method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup,
-                min_branch_q, session, progress=gr.Progress()):
+                min_branch_q, min_expand_q, session, progress=gr.Progress()):
         settings = settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup,
-                               min_branch_q, limits)
+                               min_branch_q, min_expand_q, limits)
         yield from handler(checked_prompt(prompt, limits), settings, session or Session(), progress)
 
     return on_page
@@ -341,10 +345,11 @@ def wire_api(live: Live, limits: Limits) -> None:
                        max_new_tokens: int = DEFAULTS["max_new_tokens"], seed: int = DEFAULTS["seed"],
                        tree: str | None = DEFAULTS["tree"], arms: str | None = DEFAULTS["arms"],
                        lambda_ucb: float = DEFAULTS["lambda_ucb"], reward: str = DEFAULTS["reward"],
-                       lookup: bool = DEFAULTS["lookup"], min_branch_q: float = DEFAULTS["min_branch_q"]) -> dict:
+                       lookup: bool = DEFAULTS["lookup"], min_branch_q: float = DEFAULTS["min_branch_q"],
+                       min_expand_q: float = DEFAULTS["min_expand_q"]) -> dict:
         """Decode `prompt` to the end and return the answer as JSON: text, token ids and the run's figures."""
         settings = settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup,
-                               min_branch_q, limits)
+                               min_branch_q, min_expand_q, limits)
         stop = threading.Event()
         worker = asyncio.ensure_future(asyncio.to_thread(live.answer, checked_prompt(prompt, limits), settings, stop))
         try:

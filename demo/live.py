@@ -14,7 +14,8 @@ from specdec.registry import KINDS, DrafterKind
 # The settings' values as the page opens, by the handlers' input names; `lookup` grafts a LOOKUP_BRANCH branch
 DEFAULTS = dict(method=GenerationConfig.method, temperature=GenerationConfig.temperature, max_new_tokens=96,
                 seed=GenerationConfig.seed, tree=None, arms=None, lambda_ucb=LAMBDA_UCB[GenerationConfig.reward],
-                reward=GenerationConfig.reward, lookup=True, min_branch_q=GenerationConfig.min_branch_q)
+                reward=GenerationConfig.reward, lookup=True, min_branch_q=GenerationConfig.min_branch_q,
+                min_expand_q=GenerationConfig.min_expand_q)
 SETTINGS = tuple(DEFAULTS)  # new settings go last: API callers pass them by position
 
 # Ways of drafting, by policy, in the order the page offers them
@@ -111,10 +112,16 @@ def settings_panel() -> dict:
         # picking a reward sets λ_UCB to that reward's default (the user may move it after)
         c["reward"].input(LAMBDA_UCB.get, c["reward"], c["lambda_ucb"], api_name=False, queue=False)
         c["min_branch_q"] = gr.Slider(0.0, 0.9, value=DEFAULTS["min_branch_q"], step=0.01,
-                                      label="Trim the tree by the drafter's confidence", elem_id="min-branch-q",
-                                      info="A node gets children only while the drafter's probability of its branch "
-                                           "is at least this (greedy also leaves out a child below it); 0 drafts "
-                                           "every node of the shape. Output is exact either way.")
+                                      label="Trim the tree by the drafter's confidence: keep a node from",
+                                      elem_id="min-branch-q",
+                                      info="Greedy decoding leaves out a drafted node whose branch the drafter "
+                                           "gives a probability below this (each node costs a row of the "
+                                           "target's pass). Output is exact either way.")
+        c["min_expand_q"] = gr.Slider(0.0, 1.0, value=DEFAULTS["min_expand_q"], step=0.01,
+                                      label="… and draft a node's children from", elem_id="min-expand-q",
+                                      info="A node gets children only if the drafter's probability of its branch "
+                                           "is at least this (each level costs a drafter step). Both 0: every "
+                                           "node of the shape.")
     return c
 
 

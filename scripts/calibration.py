@@ -13,7 +13,7 @@ import argparse
 from itertools import pairwise
 
 from specdec.bench import load_prompts
-from specdec.config import GenerationConfig
+from specdec.config import WHOLE_SHAPES, GenerationConfig
 from specdec.engine import generate
 from specdec.models import Models
 from specdec.records import RoundRecord
@@ -50,7 +50,7 @@ def main() -> None:
     args = parser.parse_args()
     models = Models()
     config = GenerationConfig(method=args.method, tree=args.tree, max_new_tokens=args.max_new_tokens,
-                              min_branch_q=0.0).validate()
+                              **WHOLE_SHAPES).validate()
     rows = [row for item in load_prompts(None, args.limit) for event in generate(models, item["prompt"], config)
             if isinstance(event, RoundRecord) for row in reached_nodes(event)]
     print(table(rows, 0, "q of the node") + "\n\n" + table(rows, 1, "branch probability"))

@@ -69,6 +69,7 @@ class MethodSpec(NamedTuple):
     reward: str | None
     lookup_branch: int  # 0: none
     min_branch_q: float | None = None  # None: the run's setting
+    min_expand_q: float | None = None  # None: the run's setting
 
 
 def parse_method(name: str) -> MethodSpec:
@@ -76,15 +77,19 @@ def parse_method(name: str) -> MethodSpec:
     `mamba-ucb~0`. A bandit method's `:` part is its arms, separated by `|`: `mamba-ucb:0|1|3|2,1,1`.
 
     `+lookup` grafts a prompt-lookup branch of N tokens (default LOOKUP_BRANCH) onto a neural drafter's trees;
-    `~Q` trims the method's trees at branch probability Q (`GenerationConfig.min_branch_q`; `~0`: whole shapes).
+    `~Q` trims the method's trees at branch probability Q, its leaves and its expansions alike (`~0`: whole
+    shapes); `~Q/E` drops leaves below Q and expands nodes from E (`GenerationConfig.min_branch_q`, `min_expand_q`).
     """
     name, _, trim = name.partition("~")
-    min_branch_q = None
+    min_branch_q = min_expand_q = None
     if trim:
+        leaf, _, expand = trim.partition("/")
         try:
-            min_branch_q = float(trim)
+            min_branch_q = float(leaf)
+            min_expand_q = float(expand) if expand else min_branch_q
         except ValueError:
-            raise ValueError(f"'~{trim}' in {name!r}: give the branch probability to trim at, e.g. ~0.05") from None
+            raise ValueError(f"'~{trim}' in {name!r}: give the branch probability to trim at, e.g. ~0.05 "
+                             "or ~0.05/0.3") from None
     name, _, lookup = name.partition("+")
     name, _, reward = name.partition("@")
     base, _, tree = name.partition(":")
@@ -101,7 +106,7 @@ def parse_method(name: str) -> MethodSpec:
                 base not in METHODS or not METHODS[base].has_model:
             raise ValueError(f"'+{lookup}' in {base!r}: a mamba-* or tf-* method takes +lookup or +lookupN")
         length = int(digits) if digits else LOOKUP_BRANCH
-    return MethodSpec(base, tree or None, reward or None, length, min_branch_q)
+    return MethodSpec(base, tree or None, reward or None, length, min_branch_q, min_expand_q)
 
 
 class PeakRSS:
@@ -251,14 +256,15 @@ def _aggregate(runs: list[Run], ar_runs: list[Run] | None, greedy: bool, engine:
 def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_tokens: int, temperature: float = 0.0,
               repeats: int = 1, seed: int = 0, lookup_tokens: int = 10, bandit_scope: str = "session",
               arms: str | None = None, reward: str = "pooled", lambda_ucb: float | None = None,
-              min_branch_q: float | None = None, log=print) -> dict:
+              min_branch_q: float | None = None, min_expand_q: float | None = None, log=print) -> dict:
     """Run every method on every prompt, interleaved prompt by prompt, after a warm-up.
 
     `bandit_scope` "session" keeps one bandit per `*-ucb` method across all prompts, as the app keeps one per
     browser session; "prompt" starts a fresh bandit on every prompt.
 
     `arms`, `reward` and `lambda_ucb` configure the `*-ucb` methods (a method's `@reward` suffix overrides
-    `reward`), `min_branch_q` every drafting method's trimming; None keeps the engine's defaults.
+    `reward`), `min_branch_q` and `min_expand_q` every drafting method's trimming (a method's `~` suffix
+    overrides them); None keeps the engine's defaults.
     """
     if bandit_scope not in BANDIT_SCOPES:
         raise ValueError(f"bandit_scope must be one of {', '.join(BANDIT_SCOPES)}, not {bandit_scope!r}")
@@ -271,14 +277,14 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
     exploration = {"lambda_ucb": lambda_ucb} if lambda_ucb is not None else {}
 
     def once(name: str, spec: MethodSpec, prompt: str, n_new: int, run_seed: int) -> Run:
-        trim = _trim(spec, min_branch_q)
+        trim = _trim(spec, min_branch_q, min_expand_q)
         base = spec.base if spec.base in METHODS else "ar"
         ucb = METHODS[base].policy == "ucb"  # a bandit method's `:` part names its arms
         config = GenerationConfig(method=base, tree=None if ucb else spec.tree,
                                   temperature=temperature, max_new_tokens=n_new, seed=run_seed,
                                   arms=spec.tree if ucb and spec.tree else arms,
                                   reward=spec.reward or reward, lookup_branch=spec.lookup_branch,
-                                  min_branch_q=GenerationConfig.min_branch_q if trim is None else trim,
+                                  **({} if trim is None else dict(zip(TRIM_FIELDS, trim))),
                                   **exploration).validate()
         if spec.base in HF_METHODS:
             return run_hf(models, prompt, spec.base, config, lookup_tokens)
@@ -311,7 +317,8 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
                       "reward": (spec.reward or reward) if spec.base.endswith("-ucb") else None,
                       "lambda_ucb": GenerationConfig(reward=spec.reward or reward, **exploration).lambda_ucb
                       if spec.base.endswith("-ucb") else None,
-                      "lookup_branch": spec.lookup_branch, "min_branch_q": _trim(spec, min_branch_q)}
+                      "lookup_branch": spec.lookup_branch,
+                      **dict(zip(TRIM_FIELDS, _trim(spec, min_branch_q, min_expand_q) or (None, None)))}
                for name, spec in zip(methods, parsed)}
     kinds = list(dict.fromkeys(item.get("kind", "") for item in prompts))
     for name, spec in zip(methods, parsed):  # the same figures for each kind of prompt (each context length)
@@ -337,17 +344,22 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
         "bandit_scope": bandit_scope, "arms": arms or DEFAULT_ARMS, "reward": reward,
         "lambda_ucb": lambda_ucb,  # None: each method's reward's default (its row's lambda_ucb)
         "min_branch_q": min_branch_q if min_branch_q is not None else GenerationConfig.min_branch_q,
+        "min_expand_q": min_expand_q if min_expand_q is not None else GenerationConfig.min_expand_q,
         "torch_threads": torch.get_num_threads()}, "methods": results}
 
 
-def _trim(spec: MethodSpec, run_setting: float | None) -> float | None:
-    """The branch probability a method's trees were trimmed at (None for a method that drafts no tree)."""
+TRIM_FIELDS = ("min_branch_q", "min_expand_q")
+
+
+def _trim(spec: MethodSpec, leaf: float | None, expand: float | None) -> tuple[float, float] | None:
+    """(min_branch_q, min_expand_q) a method's trees were trimmed at: its `~` suffix's, else the run's settings
+    (`leaf`, `expand`), else the engine's defaults; None for a method that drafts no tree."""
     if spec.base not in METHODS or not METHODS[spec.base].has_model:
         return None
-    for value in (spec.min_branch_q, run_setting):
-        if value is not None:
-            return value
-    return GenerationConfig.min_branch_q
+    if spec.min_branch_q is not None:
+        return spec.min_branch_q, spec.min_expand_q
+    return (GenerationConfig.min_branch_q if leaf is None else leaf,
+            GenerationConfig.min_expand_q if expand is None else expand)
 
 
 def _relative(res: dict, ar: dict) -> None:

@@ -18,9 +18,10 @@ DEFAULT_BENCH_METHODS = "ar,mamba-ucb,mamba-chain,mamba-tree,tf-tree,lookup-chai
 
 DTYPE_HELP = ("target dtype: auto (bfloat16 on CUDA, and on a CPU with native bf16 whose bf16 matmuls are "
               "row-invariant and can be packed, where it is exact; else float32), float32, bfloat16 or float16")
-MIN_BRANCH_Q_HELP = (f"draft a node's children only while the drafter's probability of its branch is at least this "
-                     f"(greedy also drops a child below it); 0 keeps whole shapes (default "
-                     f"{GenerationConfig.min_branch_q})")
+MIN_BRANCH_Q_HELP = (f"greedy: drop a drafted node whose branch probability (the drafter's q along it) is below "
+                     f"this; 0 with --min-expand-q 0 keeps whole shapes (default {GenerationConfig.min_branch_q})")
+MIN_EXPAND_Q_HELP = (f"draft a node's children only from this branch probability (and --min-branch-q) on "
+                     f"(default {GenerationConfig.min_expand_q})")
 NO_GRAPHS_HELP = "on CUDA, step the Mamba drafter eagerly instead of replaying CUDA graphs (SPECDEC_CUDA_GRAPHS=0)"
 DRAFTER_DTYPE_HELP = ("drafter dtype: auto (float32 on a CPU, else the target's), float32, "
                       "bfloat16 or float16")
@@ -48,6 +49,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
                    help="mamba-*/tf-*: also verify up to N tokens copied from the context (prompt lookup), "
                         "grafted onto each tree; 0 = off")
     g.add_argument("--min-branch-q", type=float, default=GenerationConfig.min_branch_q, help=MIN_BRANCH_Q_HELP)
+    g.add_argument("--min-expand-q", type=float, default=GenerationConfig.min_expand_q, help=MIN_EXPAND_Q_HELP)
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     g.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     g.add_argument("--drafter-dtype", default="auto", help=DRAFTER_DTYPE_HELP)
@@ -64,7 +66,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     config = GenerationConfig(method=args.method, tree=args.tree, arms=args.arms, temperature=args.temperature,
                               top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed,
                               lambda_ucb=args.lambda_ucb, lambda_gamma=args.lambda_gamma, reward=args.reward,
-                              lookup_branch=args.lookup_branch, min_branch_q=args.min_branch_q)
+                              lookup_branch=args.lookup_branch, min_branch_q=args.min_branch_q,
+                              min_expand_q=args.min_expand_q)
     config.validate()  # fail on bad settings before any model loads
     drafters = {config.spec.drafter: args.drafter} if args.drafter and config.spec.has_model else {}
     models = Models(args.target, drafters, device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
@@ -111,6 +114,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--reward", default="pooled", choices=REWARDS, help="bandit reward for *-ucb")
     b.add_argument("--lambda-ucb", type=float, default=None, help="bandit exploration weight for *-ucb")
     b.add_argument("--min-branch-q", type=float, default=None, help=MIN_BRANCH_Q_HELP)
+    b.add_argument("--min-expand-q", type=float, default=None, help=MIN_EXPAND_Q_HELP)
     b.add_argument("--context-lengths", default=None, help="e.g. 256,1024,4096: drafter latency/memory study")
     b.add_argument("--cost-curve", default=None,
                    help="e.g. 400,2000: what verifying 1-16 tokens costs, in target steps, after that many tokens")
@@ -173,7 +177,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             prompts = bench.load_prompts(args.prompts, args.limit)
         result.update(bench.benchmark(models, prompts, methods, args.max_new_tokens, args.temperature, args.repeats,
                                       args.seed, args.lookup_tokens, args.bandit_scope, args.arms, args.reward,
-                                      args.lambda_ucb, args.min_branch_q, log=log))
+                                      args.lambda_ucb, args.min_branch_q, args.min_expand_q, log=log))
         print(bench.markdown_table(result))
         if args.long or args.licences:
             print("\n" + bench.breakdown_table(result))

@@ -48,10 +48,14 @@ def build_methods() -> dict[str, Method]:
 
 METHODS: dict[str, Method] = build_methods()
 
-# A drafted node's children are drafted only while the drafter's probability of its branch (q along it) is at
-# least this (greedy decoding also drops a child below it): the drafter's q predicts acceptance closely
-# (docs/method.md, "Trim the tree by confidence"), so nodes below it cost a verification row they rarely repay.
+# Trimming by the drafter's confidence (docs/method.md, "Trim the tree by confidence"): the drafter's q predicts
+# acceptance closely, so the expected tokens a node adds are its branch probability (q along its branch).
+# Greedy decoding drops a drafted child below MIN_BRANCH_Q: a node costs a verification row it rarely repays.
+# A node's children are drafted only from MIN_EXPAND_Q: a level costs a drafter step, a tenth of a target step
+# or so on a CPU, which a child of a node less likely than this rarely repays.
 MIN_BRANCH_Q = 0.05
+MIN_EXPAND_Q = 0.3
+WHOLE_SHAPES = {"min_branch_q": 0.0, "min_expand_q": 0.0}  # GenerationConfig(**WHOLE_SHAPES): no trimming
 LOOKUP_BRANCH = 6  # tokens of a prompt-lookup branch, when one is asked for without a length
 REWARDS = ("pooled", "throughput", "paper")
 LAMBDA_UCB = {"pooled": 0.1, "throughput": 0.3, "paper": 0.3}  # each reward's default λ_UCB
@@ -71,7 +75,8 @@ class GenerationConfig:
     lambda_gamma: float = 0.1  # λ_γ, depth penalty of the paper's reward
     reward: str = "pooled"  # "pooled" or "throughput" (the round's measured cost counts), or "paper"
     lookup_branch: int = 0  # mamba-*/tf-*: graft up to this many tokens copied from the context onto each tree
-    min_branch_q: float = MIN_BRANCH_Q  # trim each tree by the drafter's confidence (`Sampler`); 0: whole shapes
+    min_branch_q: float = MIN_BRANCH_Q  # greedy: drop a drafted child whose branch probability is below this
+    min_expand_q: float = MIN_EXPAND_Q  # draft a node's children only from this branch probability (both 0: whole)
 
     def __post_init__(self) -> None:
         if self.lambda_ucb is None:
@@ -100,6 +105,8 @@ class GenerationConfig:
             raise ValueError(f"lookup_branch must be an integer from 0 to {MAX_DEPTH}, got {self.lookup_branch}")
         if not 0.0 <= self.min_branch_q < 1.0:
             raise ValueError(f"min_branch_q must be in [0, 1), got {self.min_branch_q}")
+        if not 0.0 <= self.min_expand_q <= 1.0:
+            raise ValueError(f"min_expand_q must be in [0, 1], got {self.min_expand_q}")
         if self.reward not in REWARDS:
             raise ValueError(f"reward must be one of {', '.join(REWARDS)}, got {self.reward!r}")
         arms = self.shapes()

@@ -146,7 +146,7 @@ def _setup(models: Models, prompt: str, config: GenerationConfig, chat: bool,
         bandit.new_prompt()
     eos = target.model.generation_config.eos_token_id
     generator = torch.Generator(device=target.device).manual_seed(config.seed)
-    sampler = Sampler(config.temperature, config.top_p, generator, config.min_branch_q)
+    sampler = Sampler(config.temperature, config.top_p, generator, config.min_branch_q, config.min_expand_q)
     return _Generation(config, target, prompt_ids, shapes, drafter, label, make_verifier(target.model), bandit,
                        sampler, Detokenizer(target.tokenizer),
                        set(eos if isinstance(eos, list) else [eos] if eos is not None else []))

@@ -229,11 +229,11 @@ def transformers_step_ms(model, context: list[int], plan: Plan) -> float:
 
 
 def run_generation(models, method: str, max_new_tokens: int, prompt: str) -> tuple[list, object]:
-    from specdec.config import GenerationConfig
+    from specdec.config import WHOLE_SHAPES, GenerationConfig
     from specdec.engine import generate
 
     # whole shapes: the check's drafters are random, and trimming by their confidence would leave nothing drafted
-    config = GenerationConfig(method=method, max_new_tokens=max_new_tokens, min_branch_q=0.0)
+    config = GenerationConfig(method=method, max_new_tokens=max_new_tokens, **WHOLE_SHAPES)
     events = list(generate(models, prompt, config, chat=False))
     return events[:-1], events[-1]
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from specdec import bench
-from specdec.config import LOOKUP_BRANCH
+from specdec.config import LOOKUP_BRANCH, GenerationConfig
 
 
 @pytest.fixture
@@ -79,11 +79,12 @@ def test_unknown_method_is_refused():
 
 
 def test_lookup_branch_suffix(tiny_models, prompts):
-    assert bench.parse_method("mamba-tree:2;1+lookup6") == ("mamba-tree", "2;1", None, 6, None)
+    assert bench.parse_method("mamba-tree:2;1+lookup6") == ("mamba-tree", "2;1", None, 6, None, None)
     assert bench.parse_method("mamba-ucb@throughput+lookup") == ("mamba-ucb", None, "throughput", LOOKUP_BRANCH,
-                                                                 None)
-    assert bench.parse_method("mamba-ucb+lookup~0") == ("mamba-ucb", None, None, LOOKUP_BRANCH, 0.0)
-    assert bench.parse_method("tf-tree:2;1~0.2") == ("tf-tree", "2;1", None, 0, 0.2)
+                                                                 None, None)
+    assert bench.parse_method("mamba-ucb+lookup~0") == ("mamba-ucb", None, None, LOOKUP_BRANCH, 0.0, 0.0)
+    assert bench.parse_method("tf-tree:2;1~0.2") == ("tf-tree", "2;1", None, 0, 0.2, 0.2)
+    assert bench.parse_method("mamba-chain:4~0.02/0.3") == ("mamba-chain", "4", None, 0, 0.02, 0.3)
     for bad in ("lookup-chain+lookup", "ar+lookup", "mamba-ucb+lookahead", "mamba-ucb+lookupx"):
         with pytest.raises(ValueError, match="lookup"):
             bench.parse_method(bad)
@@ -95,7 +96,7 @@ def test_lookup_branch_suffix(tiny_models, prompts):
 
 
 def test_bandit_settings_per_method(tiny_models, prompts):
-    assert bench.parse_method("mamba-ucb@throughput") == ("mamba-ucb", None, "throughput", 0, None)
+    assert bench.parse_method("mamba-ucb@throughput") == ("mamba-ucb", None, "throughput", 0, None, None)
     methods = ["ar", "mamba-ucb", "mamba-ucb@throughput", "mamba-ucb@paper", "mamba-ucb:0|3"]
     result = bench.benchmark(tiny_models, prompts[:2], methods, max_new_tokens=10, arms="0; 2,1",
                              log=lambda _: None)
@@ -172,20 +173,23 @@ def test_long_prompts_cut_each_passage_at_each_length(tiny_models):
 
 
 def test_trim_suffix_per_method(tiny_models, prompts, monkeypatch):
-    """`~Q` sets one method's `min_branch_q`, the others keep the run's."""
-    for bad in ("ar~0", "lookup-chain~0.1", "mamba-tree~x"):
+    """`~Q` sets one method's `min_branch_q` and `min_expand_q`, `~Q/E` each, the others keep the run's."""
+    for bad in ("ar~0", "lookup-chain~0.1", "mamba-tree~x", "mamba-tree~0.1/x"):
         with pytest.raises(ValueError, match="~"):
             bench.parse_method(bad)
     seen, run_engine = {}, bench.run_engine
     monkeypatch.setattr(bench, "run_engine", lambda models, prompt, config, bandit=None: seen.setdefault(
-        (config.method, config.min_branch_q), 0) or run_engine(models, prompt, config, bandit))
-    methods = ["ar", "mamba-tree:3,2~0", "mamba-tree:3,2~0.3", "mamba-chain:2"]
+        (config.method, config.min_branch_q, config.min_expand_q), 0) or run_engine(models, prompt, config, bandit))
+    methods = ["ar", "mamba-tree:3,2~0", "mamba-tree:3,2~0.3", "mamba-tree:2,2~0.01/0.5", "mamba-chain:2"]
     result = bench.benchmark(tiny_models, prompts[:2], methods, max_new_tokens=16, min_branch_q=0.1,
                              log=lambda _: None)
-    assert {("mamba-tree", 0.0), ("mamba-tree", 0.3), ("mamba-chain", 0.1)} <= set(seen)
+    expand = GenerationConfig.min_expand_q
+    assert {("mamba-tree", 0.0, 0.0), ("mamba-tree", 0.3, 0.3), ("mamba-tree", 0.01, 0.5),
+            ("mamba-chain", 0.1, expand)} <= set(seen)
     rows = result["methods"]
-    assert [rows[m]["min_branch_q"] for m in methods] == [None, 0.0, 0.3, 0.1]
-    assert result["config"]["min_branch_q"] == 0.1
+    assert [rows[m]["min_branch_q"] for m in methods] == [None, 0.0, 0.3, 0.01, 0.1]
+    assert [rows[m]["min_expand_q"] for m in methods] == [None, 0.0, 0.3, 0.5, expand]
+    assert result["config"]["min_branch_q"] == 0.1 and result["config"]["min_expand_q"] == expand
     assert all(rows[m]["identical_to_ar"] for m in methods)
 
 

@@ -9,7 +9,7 @@ import gc
 import pytest
 import torch
 
-from specdec.config import GenerationConfig
+from specdec.config import WHOLE_SHAPES, GenerationConfig
 from specdec.drafters.mamba import MambaDrafter, MambaState, kernels_available
 from specdec.engine import generate
 from specdec.models import ASSETS, LoadedModel, Models, resolve_drafter_dtype
@@ -23,7 +23,7 @@ GRAPHS = "SPECDEC_CUDA_GRAPHS"
 
 def run(models: Models, **kwargs) -> tuple[list, object]:
     """Whole shapes unless asked otherwise: every drafting path (graphs of every batch width) runs."""
-    events = list(generate(models, PROMPT, GenerationConfig(**{"min_branch_q": 0.0, **kwargs}), chat=False))
+    events = list(generate(models, PROMPT, GenerationConfig(**{**WHOLE_SHAPES, **kwargs}), chat=False))
     return events[:-1], events[-1]
 
 

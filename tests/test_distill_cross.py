@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from specdec.config import GenerationConfig
+from specdec.config import WHOLE_SHAPES, GenerationConfig
 from specdec.distill import corpus, teacher
 from specdec.distill.cross import CrossPlugIn, convert_answers
 from specdec.distill.evaluate import evaluate
@@ -128,6 +128,6 @@ def test_the_same_recipe_with_the_targets_tokenizer_is_an_ordinary_mamba_drafter
     models = Models.from_loaded(target, {})
     models.specs["mamba"] = str(exported)
     ar = list(generate(models, "the cat sat", GenerationConfig(method="ar", max_new_tokens=12), chat=False))[-1]
-    whole = GenerationConfig(method="mamba-chain", max_new_tokens=12, min_branch_q=0.0)  # an untrained drafter
+    whole = GenerationConfig(method="mamba-chain", max_new_tokens=12, **WHOLE_SHAPES)  # an untrained drafter
     sd = list(generate(models, "the cat sat", whole, chat=False))[-1]
     assert sd.token_ids == ar.token_ids and sd.drafted_tokens > 0

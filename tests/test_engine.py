@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdec.config import GenerationConfig
+from specdec.config import WHOLE_SHAPES, GenerationConfig
 from specdec.engine import generate
 from specdec.records import RoundRecord, Summary
 
@@ -24,10 +24,11 @@ CASES = [("mamba-chain", "1"), ("mamba-chain", "5"), ("mamba-tree", "3,2,1"), ("
 
 
 @pytest.mark.parametrize("method, tree", CASES)
-@pytest.mark.parametrize("min_branch_q", [0.0, 0.3])  # whole shapes; trees trimmed hard by the drafter's confidence
-def test_greedy_is_identical_to_target_alone(tiny_models, method, tree, min_branch_q):
+@pytest.mark.parametrize("trim", [WHOLE_SHAPES, {"min_branch_q": 0.3, "min_expand_q": 0.3},
+                                  {"min_branch_q": 0.02, "min_expand_q": 0.5}])  # whole shapes; trimmed hard
+def test_greedy_is_identical_to_target_alone(tiny_models, method, tree, trim):
     _, ar = run(tiny_models, method="ar", max_new_tokens=40)
-    rounds, sd = run(tiny_models, method=method, tree=tree, max_new_tokens=40, min_branch_q=min_branch_q)
+    rounds, sd = run(tiny_models, method=method, tree=tree, max_new_tokens=40, **trim)
     assert sd.token_ids == ar.token_ids
     assert sd.new_tokens == 40 and sum(len(r.emitted) for r in rounds) == 40
 
@@ -35,7 +36,7 @@ def test_greedy_is_identical_to_target_alone(tiny_models, method, tree, min_bran
 @pytest.mark.parametrize("method, tree", [("tf-chain", "4"), ("tf-tree", "2,2,1")])
 def test_self_drafting_accepts_every_greedy_chain(self_draft_models, method, tree):
     _, ar = run(self_draft_models, method="ar", max_new_tokens=30)
-    rounds, sd = run(self_draft_models, method=method, tree=tree, max_new_tokens=30)
+    rounds, sd = run(self_draft_models, method=method, tree=tree, max_new_tokens=30, **WHOLE_SHAPES)
     assert sd.token_ids == ar.token_ids
     assert all(r.accepted_len == len(r.shape) for r in rounds[:-1])  # every depth accepted
     assert sd.acceptance_rate == 1.0
@@ -43,7 +44,7 @@ def test_self_drafting_accepts_every_greedy_chain(self_draft_models, method, tre
 
 
 def test_round_records_describe_the_tree(tiny_models):
-    rounds, summary = run(tiny_models, method="mamba-tree", tree="2,2", max_new_tokens=12, min_branch_q=0.0)
+    rounds, summary = run(tiny_models, method="mamba-tree", tree="2,2", max_new_tokens=12, **WHOLE_SHAPES)
     r = rounds[0]
     assert r.shape == [2, 2] and len(r.nodes) == 1 + 2 + 4 and r.nodes[0].status == "root"
     accepted = [n for n in r.nodes if n.status == "accepted"]

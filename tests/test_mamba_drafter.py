@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from specdec.drafters import MambaDrafter, Sampler
+from specdec.drafters.base import TreeBuilder
 from specdec.drafters.mamba import MambaState
 from specdec.drafters import mixer as mixer_module
 from specdec.drafters.mixer import (kernels_available, mixer_forward, mixer_sequence, mixer_step_kernel,
@@ -169,6 +170,20 @@ def test_a_trimmed_tree_keeps_likely_branches_and_their_states(greedy):
     drafter.catch_up()
     seq = context + [tree.tokens[node] for node in path[1:]] + [11]
     torch.testing.assert_close(drafter.root_logits, _scratch_logits(model, seq), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_leaves_and_expansions_have_their_own_thresholds(greedy):
+    """`min_branch_q` drops weak leaves (greedy only), `min_expand_q` decides which nodes get children."""
+    sampler = Sampler(0.0 if greedy else 1.0, 1.0, None, min_branch_q=0.1, min_expand_q=0.4)
+    builder = TreeBuilder(5, sampler)
+    q = torch.tensor([[0.5, 0.3, 0.05, 0.15]])
+    frontier = builder.add_level([0], torch.tensor([[0, 1, 2]]), q)
+    assert builder.tokens == ([5, 0, 1] if greedy else [5, 0, 1, 2])  # q 0.05 below the leaf threshold
+    assert frontier == [1]  # only the node from 0.4 on gets children; q 0.3 stays a leaf
+    frontier = builder.add_level(frontier, torch.tensor([[3, 1]]), q)  # branch q 0.5 * 0.15 and 0.5 * 0.3
+    assert frontier == []  # 0.075 and 0.15: neither expands
+    assert builder.tokens[3 if greedy else 4:] == ([1] if greedy else [3, 1])  # 0.075 is kept under sampling only
 
 
 def test_rounds_that_draft_nothing_leave_the_tokens_for_one_sequence_pass():

@@ -67,7 +67,8 @@ def test_control_characters_over_the_api(client):
 
 
 @pytest.mark.parametrize("name, value", [("temperature", "nan"), ("temperature", "inf"), ("lambda_ucb", "-inf"),
-                                         ("max_new_tokens", "nan"), ("seed", "inf"), ("min_branch_q", "nan")])
+                                         ("max_new_tokens", "nan"), ("seed", "inf"), ("min_branch_q", "nan"),
+                                         ("min_expand_q", "nan")])
 def test_non_finite_numbers_are_refused_in_one_sentence(name, value):
     with pytest.raises(app.gr.Error, match="must be a finite number"):
         app.settings_of(**{**ARGS, name: float(value)})
@@ -79,12 +80,15 @@ def test_numbers_out_of_range_over_the_api(client):
     refused(client, "at most 64 new tokens", max_new_tokens=65)
     refused(client, "temperature", temperature=-1)
     refused(client, "trimming threshold \\(min_branch_q\\) must be at least 0", min_branch_q=1.0)
+    refused(client, "expansion threshold \\(min_expand_q\\) must be from 0 to 1", min_expand_q=-0.1)
     assert len(complete(client, "Hi", seed=app.MAX_SEED)["token_ids"]) == 8
 
 
 def test_the_trimming_threshold_reaches_the_engine():
     assert fake_engine().make_config(**app.settings_of(**ARGS)).min_branch_q == app.DEFAULTS["min_branch_q"]
     assert fake_engine().make_config(**app.settings_of(**{**ARGS, "min_branch_q": 0.3})).min_branch_q == 0.3
+    assert fake_engine().make_config(**app.settings_of(**ARGS)).min_expand_q == app.DEFAULTS["min_expand_q"]
+    assert fake_engine().make_config(**app.settings_of(**{**ARGS, "min_expand_q": 0.6})).min_expand_q == 0.6
 
 
 def test_prompt_length_cap(client):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.config import GenerationConfig
+from specdec.config import WHOLE_SHAPES, GenerationConfig
 from specdec.distill.corpus import read_prompts
 from specdec.distill.plugin import decode_step
 from specdec.distill.recipe import greedy_acceptance, target_weights
@@ -47,7 +47,7 @@ def ms_per_call(step: Callable[[], object], warmup: int = 5, calls: int = 40) ->
 
 def run_engine(models: Models, method: str, prompts: list, max_new_tokens: int) -> list[Summary]:
     config = GenerationConfig(method=method, tree=None if method == "ar" else "4", temperature=0.0,
-                              max_new_tokens=max_new_tokens, min_branch_q=0.0)  # whole chains: the drafter's own rate
+                              max_new_tokens=max_new_tokens, **WHOLE_SHAPES)  # whole chains: the drafter's own rate
     return [[r for r in generate(models, p.text, config) if isinstance(r, Summary)][0] for p in prompts]
 
 

@@ -42,17 +42,19 @@ class DraftTree:
 class Sampler:
     """How drafted children are chosen: greedy takes the top-N distinct tokens, sampling draws N i.i.d.
 
-    `min_branch_q` trims the tree by the drafter's confidence: a node's children are drafted only while its
-    branch probability (the product of q along its branch, 1 at the root) is at least this, and under greedy
-    decoding a child below it is dropped too (any tree is exact under greedy decoding; under sampling a draw may
-    not be dropped for its own value, since that would change what the verified children are distributed as).
-    0 keeps every node of the shape.
+    Two thresholds trim the tree by the drafter's confidence, both on a node's branch probability (the product
+    of q along its branch, 1 at the root). `min_expand_q`: a node's children are drafted only if its branch
+    probability is at least this (and at least `min_branch_q`), since each level drafted costs a drafter step.
+    `min_branch_q`: under greedy decoding a child below it is dropped, since each node costs a verification row
+    (any tree is exact under greedy decoding; under sampling a draw may not be dropped for its own value, since
+    that would change what the verified children are distributed as). Both 0 keep every node of the shape.
     """
 
     temperature: float
     top_p: float
     generator: torch.Generator | None
     min_branch_q: float = 0.0
+    min_expand_q: float = 0.0
 
     @property
     def greedy(self) -> bool:
@@ -67,7 +69,7 @@ class Sampler:
 
 
 class TreeBuilder:
-    """Accumulates nodes level by level while a drafter expands a tree, trimmed as `Sampler.min_branch_q` says."""
+    """Accumulates nodes level by level while a drafter expands a tree, trimmed as the `Sampler`'s thresholds say."""
 
     def __init__(self, root: int, sampler: Sampler) -> None:
         self.tokens, self.parents, self.q_tok = [root], [-1], [1.0]
@@ -76,10 +78,11 @@ class TreeBuilder:
         self.keep_q = not sampler.greedy
         self.drop_weak = sampler.greedy  # greedy: a child below the threshold is not added
         self.min_branch_q = sampler.min_branch_q
+        self.min_expand_q = max(sampler.min_branch_q, sampler.min_expand_q)
 
     def add_level(self, frontier: list[int], kids: torch.Tensor, q: torch.Tensor, last: bool = False) -> list[int]:
         """frontier: m parent nodes; kids: [m, width] tokens; q: [m, V]. Returns the next frontier: the new nodes
-        whose children are worth drafting (branch probability at least the threshold), none on the `last` level."""
+        whose children are worth drafting (branch probability at least `min_expand_q`), none on the `last` level."""
         q_kid = q.gather(-1, kids)  # [m, width]
         new_nodes = []
         for row, parent in enumerate(frontier):
@@ -94,7 +97,7 @@ class TreeBuilder:
                 self.parents.append(parent)
                 self.q_tok.append(q_value)
                 self.branch_q.append(branch_q)
-        return [] if last else [node for node in new_nodes if self.branch_q[node] >= self.min_branch_q]
+        return [] if last else [node for node in new_nodes if self.branch_q[node] >= self.min_expand_q]
 
     def build(self, shape: TreeShape, vocab_size: int) -> DraftTree:
         q = None

@@ -178,7 +178,7 @@ class SharedVocabSampler(Sampler):
     renormalised (the restriction is applied to the logits, before temperature and top-p)."""
 
     def __init__(self, base: Sampler, allowed: torch.Tensor) -> None:
-        super().__init__(base.temperature, base.top_p, base.generator, base.min_branch_q)
+        super().__init__(base.temperature, base.top_p, base.generator, base.min_branch_q, base.min_expand_q)
         self.allowed = allowed  # [V_d] bool
 
     def children(self, logits: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -53,6 +53,10 @@ def test_generate_streams_tokens_tree_and_plots(page):
     assert float(trim.input_value()) == 0.05  # the engine's default
     trim.fill("0")  # whole shapes
     trim.press("Enter")
+    expand = page.locator("#min-expand-q input[type=number]")
+    assert float(expand.input_value()) == 0.3  # the engine's default
+    expand.fill("0")
+    expand.press("Enter")
     page.locator("#generate-btn").click()
 
     # tokens stream in: some appear while the run is still going
@@ -71,7 +75,8 @@ def test_generate_streams_tokens_tree_and_plots(page):
     with page.expect_download() as download:
         page.locator("#export-btn").click()
     data = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
-    assert data["settings"]["min_branch_q"] == 0 and data["settings"]["lambda_ucb"] == 0.3
+    assert data["settings"]["min_branch_q"] == data["settings"]["min_expand_q"] == 0
+    assert data["settings"]["lambda_ucb"] == 0.3
     assert data["summary"]["new_tokens"] == tokens.count() == len(data["rounds"][-1]["emitted"]) + sum(
         len(r["emitted"]) for r in data["rounds"][:-1])
     last = data["rounds"][-1]
