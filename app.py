@@ -26,7 +26,7 @@ from pathlib import Path
 import gradio as gr
 
 from demo import presenter
-from demo.compare import compare_html
+from demo.compare import compare_html, verdict_html
 from demo.explainer import explainer_html
 from demo.live import DEFAULTS, LOOKUP_BRANCH, METHODS, SETTINGS, live_panel
 from demo.long_context import long_context_tab
@@ -34,11 +34,12 @@ from demo.plots import bandit_figure, memory_figure, speed_figure
 from demo.prompts import LONG_DOCUMENT, load_prompts, long_documents
 from demo.replay import recorded_runs
 from demo.replay_ui import replay_panel, wire_replay
-from demo.runner import in_background
+from demo.runner import EngineThread
 from demo.session import Session, write_export
 from demo.tokens_html import conversation_html
 from demo.tree_svg import tree_html
 from demo.views import Stage, main_views, round_outputs, round_views
+from specdec.config import MAX_SEED
 from specdec.records import Summary
 from specdec.registry import KINDS
 
@@ -46,7 +47,8 @@ ROOT = Path(__file__).resolve().parent
 EXPORTS = Path(tempfile.gettempdir()) / "specdec-exports"
 RUNS = ROOT / "assets" / "runs"  # recorded runs offered in the Replay tab (scripts/record_runs.py)
 LONG_CONTEXT = ROOT / "assets" / "bench" / "long-context.json"  # `bench --long` result for the Long documents tab
-PLOT_EVERY_S = 1.0  # plots are re-drawn at most this often while streaming; text and tree every round batch
+PLOT_EVERY_S = 1.0  # the speed and memory plots are redrawn at most this often while streaming; the answer, the
+# tree and the bandit every frame (demo.runner.FRAME_S)
 CANCEL_WAIT_S = 2.0  # a cancelled `complete` waits this long for its engine run to end (a round takes far less)
 
 
@@ -98,11 +100,19 @@ def real_engine(target: str, drafters: dict[str, str], device: str, dtype: str,
         bandit = None
         if config.spec.policy == "ucb":  # one bandit per browser session, renewed when its settings change
             bandit = memory.get("bandit")
-            if bandit is None or not bandit.matches(config):
+            new_prompt = prompt != memory.get("prompt")
+            if bandit is None or not bandit.matches(config) or (new_prompt and settled_on_no_drafting(bandit)):
                 bandit = memory["bandit"] = UCBBandit.for_config(config)
+            memory["prompt"] = prompt
         return run(models, prompt, config, stop, bandit=bandit)
 
     return Engine(make_config, prepare, generate)
+
+
+def settled_on_no_drafting(bandit) -> bool:
+    """Whether the bandit's next choice is the arm that drafts nothing: after a run on text the drafter could not
+    guess (or a run stopped early), a new prompt starts from the priors again rather than never drafting."""
+    return bandit.arms[bandit.select()].depth == 0
 
 
 @dataclass(frozen=True)
@@ -121,9 +131,6 @@ class Limits:
                    int(env("SPECDEC_QUEUE_SIZE", cls.queue_size)))
 
 
-MAX_SEED = 2**63 - 1  # torch generators take seeds up to this
-
-
 def finite(name: str, value) -> float:
     """`value` as a float, or one sentence saying it is not a finite number."""
     try:
@@ -131,31 +138,34 @@ def finite(name: str, value) -> float:
     except (TypeError, ValueError):
         number = math.nan
     if not math.isfinite(number):
-        raise gr.Error(f"Invalid settings: {name} must be a finite number, got {value!r}.")
+        raise refused(f"Invalid settings: {name} must be a finite number, got {value!r}.")
     return number
+
+
+def whole(name: str, value) -> int:
+    """`value` as an int (ints stay exact beyond 2**53), or one sentence saying it is not a whole number."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    number = finite(name, value)
+    if number != int(number):
+        raise refused(f"Invalid settings: {name} must be a whole number, got {value!r}.")
+    return int(number)
 
 
 def settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup,
                 min_branch_q=DEFAULTS["min_branch_q"], min_expand_q=DEFAULTS["min_expand_q"],
                 limits: Limits = Limits()) -> dict:
-    """The engine's keyword settings from the page's values; non-numbers, seeds out of range and token counts
-    above the cap are refused in one sentence."""
-    tokens = finite("max new tokens", max_new_tokens)
-    seed = seed or 0 if isinstance(seed, int) else finite("the seed", seed)  # ints stay exact beyond 2**53
-    if not 0 <= seed <= MAX_SEED or seed != int(seed):
-        raise gr.Error(f"Invalid settings: the seed must be a whole number from 0 to {MAX_SEED}.")
+    """The engine's keyword settings from the page's values, as types: ranges are `GenerationConfig.validate`'s to
+    check (once, when the run is set up); only this deployment's cap on new tokens is checked here."""
+    tokens = whole("max_new_tokens", max_new_tokens)
     if tokens > limits.max_new_tokens:
-        raise gr.Error(f"Invalid settings: at most {limits.max_new_tokens} new tokens per request here.")
-    trim = finite("the trimming threshold", min_branch_q)
-    if not 0.0 <= trim < 1.0:
-        raise gr.Error("Invalid settings: the trimming threshold (min_branch_q) must be at least 0 and below 1.")
-    expand = finite("the expansion threshold", min_expand_q)
-    if not 0.0 <= expand <= 1.0:
-        raise gr.Error("Invalid settings: the expansion threshold (min_expand_q) must be from 0 to 1.")
+        raise refused(f"Invalid settings: at most {limits.max_new_tokens} new tokens per request here, got {tokens}.")
     return dict(method=method, tree=(tree or "").strip() or None, arms=(arms or "").strip() or None,
-                temperature=finite("temperature", temperature), max_new_tokens=int(tokens), seed=int(seed),
-                lambda_ucb=finite("λ_UCB", lambda_ucb), reward=reward, lookup_branch=LOOKUP_BRANCH if lookup else 0,
-                min_branch_q=trim, min_expand_q=expand)
+                temperature=finite("temperature", temperature), max_new_tokens=tokens,
+                seed=whole("the seed", 0 if seed is None else seed),
+                lambda_ucb=finite("lambda_ucb", lambda_ucb), reward=reward,
+                lookup_branch=LOOKUP_BRANCH if lookup else 0, min_branch_q=finite("min_branch_q", min_branch_q),
+                min_expand_q=finite("min_expand_q", min_expand_q))
 
 
 def page_handler(handler, limits: Limits):
@@ -179,9 +189,9 @@ def checked_prompt(prompt: str | None, limits: Limits = Limits()) -> str:
     """The prompt without control characters (unpaired surrogates become U+FFFD), or one sentence saying why not."""
     text = SURROGATE.sub("\ufffd", CONTROL.sub("", str(prompt or "").replace("\r\n", "\n"))).strip()
     if not text:
-        raise gr.Error("Type a prompt first, or click one of the examples below the settings.")
+        raise refused("Type a prompt first, or click one of the examples.")
     if len(text) > limits.max_prompt_chars:
-        raise gr.Error(f"The prompt has {len(text):,} characters; at most {limits.max_prompt_chars:,} are taken here.")
+        raise refused(f"The prompt has {len(text):,} characters; at most {limits.max_prompt_chars:,} are taken here.")
     return text
 
 
@@ -211,11 +221,14 @@ STEP_STATUS = "Step mode: press “Step one round” (or the N key) again for th
 @dataclass(frozen=True, eq=False)
 class Live:
     """The Live tab's runs over one engine: each handler is a generator of `{component: value}` updates that show
-    one browser session's `Session` on the stage, the comparison panel and the export button."""
+    one browser session's `Session` on the stage, the verdict, the comparison panel and the export button. Every
+    model call runs on `worker`, the app's one engine thread; the handlers only draw what it produced."""
 
     engine: Engine
+    worker: EngineThread
     stage: Stage
     comparison: gr.HTML
+    verdict: gr.HTML
     export: gr.DownloadButton
     session: gr.State
     runs: OpenRuns = field(default_factory=OpenRuns)
@@ -223,44 +236,49 @@ class Live:
     @property
     def outputs(self) -> list:
         """Every component the handlers write, in the order the API returns them."""
-        return [*self.stage.outputs, self.comparison, self.export, self.session]
+        return [*self.stage.outputs, self.comparison, self.verdict, self.export, self.session]
 
     def views(self, session: Session, live: bool, **options) -> dict:
-        """`session` on the stage (`options` as `main_views` takes them), and as the tab's state."""
-        return {**main_views(self.stage, session, live, **options), self.session: session}
+        """`session` on the stage (`options` as `main_views` takes them) with its verdict, and as the tab's state."""
+        return {**main_views(self.stage, session, live, **options), self.verdict: verdict_html(session, live),
+                self.session: session}
 
     def generate(self, models, prompt: str, config, stop: threading.Event, memory: dict) -> Iterator:
         return self.runs.track(self.engine.generate(models, prompt, config, stop, memory))
 
     def setup(self, settings: dict, progress) -> tuple:
-        """Validate the settings and load the models they need; return (config, models)."""
+        """Validate the settings and load the models they need (on the engine thread); return (config, models)."""
         try:
             config = self.engine.make_config(**settings)
         except ValueError as err:
-            raise gr.Error(f"Invalid settings: {err}") from err
-        return config, self.engine.prepare(config, lambda message: progress(0.5, desc=message))
+            raise refused(f"Invalid settings: {err}.") from err
+        return config, self.worker.call(lambda: self.engine.prepare(config, lambda message: progress(0.5, desc=message)))
 
     def opening(self, prompt: str, settings: dict, session: Session, progress) -> Iterator[dict]:
         """Show the fresh run at once, then validate and load: `config, models = yield from opening(...)`."""
+        self.worker.submit(session.close_stepper)  # a paused step run is closed where it ran
         session.start(prompt, settings)
         yield {**self.views(session, live=True), self.comparison: gr.HTML(visible=False),
                self.export: gr.DownloadButton(interactive=False)}
         return self.setup(settings, progress)
 
     def stream(self, session: Session, events: Iterator, panel: Callable[[], dict] = dict) -> Iterator[dict]:
-        """Feed engine events into `session`, yielding its views as they come (plots at most every PLOT_EVERY_S)."""
+        """Run `events` on the engine thread into `session`, drawing its latest state once a frame (the speed and
+        memory plots at most every PLOT_EVERY_S)."""
         last_plot = 0.0
         try:
-            for batch in in_background(events, session.stop):
+            for batch in self.worker.frames(events, session.stop):
                 for event in batch:
                     session.add(event)
                 plots = time.monotonic() - last_plot >= PLOT_EVERY_S
                 last_plot = time.monotonic() if plots else last_plot
                 yield {**self.views(session, live=True, plots=plots), **panel()}
         except ValueError as err:
-            raise gr.Error(str(err)) from err
+            raise refused(sentence(err)) from err
 
     def finish(self, session: Session, panel: Callable[[], dict] = dict) -> dict:
+        if session.summary is not None and session.settings.get("method") == "ar":
+            session.remember_target_alone()
         path = write_export(session, EXPORTS)
         return {**self.views(session, live=False), **panel(),
                 self.export: gr.DownloadButton(value=str(path), interactive=True)}
@@ -271,8 +289,10 @@ class Live:
         yield self.finish(session)
 
     def compare(self, prompt: str, settings: dict, session: Session, progress) -> Iterator[dict]:
-        """The target alone, then the chosen method, on the same prompt; the comparison panel follows both."""
+        """The target alone, then the chosen method, on the same prompt and the same engine thread; the
+        comparison panel follows both."""
         config, models = yield from self.opening(prompt, settings, session, progress)
+        session.comparing = True
         base = Session(session.prompt, {**settings, "method": "ar"}, stop=session.stop)
         base_config = self.engine.make_config(**base.settings)
         label = METHODS.get(settings["method"], settings["method"])
@@ -284,6 +304,7 @@ class Live:
         baseline_run = self.generate(models, base.prompt, base_config, session.stop, session.memory)
         yield from self.stream(base, baseline_run, panel)
         session.baseline = base.summary
+        session.remember_target_alone(base.summary)
         if not session.stop.is_set():
             method_run = self.generate(models, session.prompt, config, session.stop, session.memory)
             yield from self.stream(session, method_run, panel)
@@ -295,10 +316,10 @@ class Live:
             config, models = yield from self.opening(prompt, settings, session, progress)
             session.stepper = self.generate(models, session.prompt, config, session.stop, session.memory)
         try:
-            session.add(next(session.stepper))
+            session.add(self.worker.call(lambda: next(session.stepper)))
         except ValueError as err:
             session.stepper = None
-            raise gr.Error(str(err)) from err
+            raise refused(sentence(err)) from err
         if session.summary is not None:
             session.stepper = None
             yield self.finish(session)
@@ -306,17 +327,27 @@ class Live:
         yield {**self.views(session, live=False, status=STEP_STATUS), self.export: gr.DownloadButton(interactive=False)}
 
     def answer(self, prompt: str, settings: dict, stop: threading.Event) -> dict:
-        """Load, decode to the end (or to `stop`) and return `plain_answer`; runs in a worker thread, counted open
-        from the start (a cancel during the models' load leaves it open until the load ends)."""
-        with self.runs:
-            config, models = self.setup(settings, lambda fraction, desc=None: None)
-            summary = None
-            try:
-                for event in self.engine.generate(models, prompt, config, stop, {}):
-                    summary = event if isinstance(event, Summary) else summary
-            except ValueError as err:
-                raise gr.Error(str(err)) from err
-        return plain_answer(summary)
+        """Load, decode to the end (or to `stop`) and return `plain_answer`; runs on the engine thread, counted
+        open from the start (a cancel during the models' load leaves it open until the load ends)."""
+
+        def decode() -> dict:
+            with self.runs:
+                config, models = self.setup(settings, lambda fraction, desc=None: None)
+                summary = None
+                try:
+                    for event in self.engine.generate(models, prompt, config, stop, {}):
+                        summary = event if isinstance(event, Summary) else summary
+                except ValueError as err:
+                    raise refused(sentence(err)) from err
+            return plain_answer(summary)
+
+        return self.worker.call(decode)
+
+    def close(self, session: Session | None) -> None:
+        """The tab closed: its paused step run (and the target's cache it holds) is freed on the engine thread."""
+        if session is not None:
+            session.stop.set()
+            self.worker.submit(session.close_stepper)
 
 
 def stop_run(session: Session | None) -> None:
@@ -325,17 +356,33 @@ def stop_run(session: Session | None) -> None:
         session.stop.set()
 
 
+def sentence(err: Exception) -> str:
+    """An engine's error message as a sentence of its own."""
+    text = str(err).strip()
+    return f"{text[:1].upper()}{text[1:]}" + ("" if text.endswith(".") else ".")
+
+
+def refused(message: str) -> gr.Error:
+    """An expected user error: one sentence on the page and one line in the log, no traceback."""
+    print(f"Refused a request: {message}", flush=True)
+    return gr.Error(message, print_exception=False)
+
+
 def wire_buttons(live: Live, panel: dict, limits: Limits) -> None:
-    """Generate (the button and Enter in the prompt), Step, Compare and Stop: one model run at a time."""
+    """Generate (the button and Enter in the prompt), Step, Compare and Stop: one model run at a time. Stop is
+    enabled while one of them runs."""
     inputs = [panel["prompt"]] + [panel[name] for name in SETTINGS] + [live.session]
     model_work = dict(concurrency_limit=1, concurrency_id="model", show_progress="minimal",
                       show_progress_on=live.stage.conversation)  # one indicator, where the answer appears
     run, step, compare = (page_handler(handler, limits) for handler in (live.run, live.step, live.compare))
-    panel["run"].click(run, inputs, live.outputs, api_name="generate", **model_work)
-    panel["prompt"].submit(run, inputs, live.outputs, api_name=False, **model_work)
-    panel["step"].click(step, inputs, live.outputs, api_name="step", **model_work)
-    panel["compare"].click(compare, inputs, live.outputs, api_name="compare", **model_work)
-    panel["stop"].click(stop_run, live.session, None, api_name="stop", queue=False)
+    stop = panel["stop"]
+    for triggers, handler, name in (([panel["run"].click, panel["prompt"].submit], run, "generate"),
+                                    ([panel["step"].click], step, "step"), ([panel["compare"].click], compare,
+                                                                            "compare")):
+        gr.on(triggers, lambda: gr.Button(interactive=True), None, stop, queue=False, api_visibility="private") \
+            .then(handler, inputs, live.outputs, api_name=name, **model_work) \
+            .then(lambda: gr.Button(interactive=False), None, stop, queue=False, api_visibility="private")
+    stop.click(stop_run, live.session, None, api_name="stop", queue=False)
 
 
 def wire_api(live: Live, limits: Limits) -> None:
@@ -367,10 +414,11 @@ def wire_api(live: Live, limits: Limits) -> None:
     gr.api(status, api_name="status", queue=False)
 
 
-def wire_live(engine: Engine, panel: dict, stage: Stage, comparison: gr.HTML, session: gr.State,
-              limits: Limits) -> None:
+def wire_live(engine: Engine, worker: EngineThread, panel: dict, stage: Stage, comparison: gr.HTML,
+              verdict: gr.HTML, session: gr.State, limits: Limits) -> None:
     """The Live tab's events and the model endpoints, all over one count of open engine runs."""
-    live = Live(engine, stage, comparison, panel["export"], session)
+    live = Live(engine, worker, stage, comparison, verdict, panel["export"], session)
+    session.delete_callback = live.close  # a closed tab's paused run is freed
     wire_buttons(live, panel, limits)
     wire_api(live, limits)
 
@@ -378,7 +426,8 @@ def wire_live(engine: Engine, panel: dict, stage: Stage, comparison: gr.HTML, se
 def plain_answer(summary: Summary) -> dict:
     """What the `complete` API returns: the text, its token ids and the run's figures (JSON types only)."""
     return {"text": summary.text, "token_ids": list(summary.token_ids), "rounds": summary.rounds,
-            "tokens_per_s": summary.tokens_per_s, "mean_accepted_len": summary.mean_accepted_len,
+            "tokens_per_s": summary.tokens_per_s, "engine_tokens_per_s": summary.engine_tokens_per_s,
+            "engine_seconds": summary.engine_seconds, "mean_accepted_len": summary.mean_accepted_len,
             "acceptance_rate": summary.acceptance_rate, "method": summary.method,
             "dtype": summary.extra.get("dtype"), "stop_reason": summary.stop_reason}
 
@@ -390,20 +439,19 @@ def explain(number: float, session: Session | None) -> str:
 
 
 INTRO = (
-    "# Speculative decoding with a Mamba drafter\n"
-    "A small, fast **drafter** guesses a *tree* of possible next tokens; the large **target** model checks the whole "
-    "tree in one pass, keeps the longest branch it agrees with and adds one token of its own. The text is exactly "
-    "what the target alone would write (with temperature 0), only produced in fewer target passes. A bandit learns "
-    "which tree shape pays off best. **Try it:** pick an example or type a prompt, then press **Generate**, **Step "
-    "one round** or **Compare**; or open **Replay** to play a recorded run without any model; **How it works** "
-    "explains the round on screen."
+    "## Speculative decoding with a Mamba drafter\n"
+    "A small, fast **drafter** guesses a *tree* of next tokens; the **target** checks the whole tree in one pass and "
+    "keeps what it agrees with, so the text is exactly the target's own (with temperature 0), in fewer passes. "
+    "Pick an example, then **Generate**, **Step one round** or **Compare** with the target alone."
 )
 
 
 def build_app(engine: Engine | None, prompts_dir: Path = ROOT / "assets" / "prompts", runs_dir: Path = RUNS,
-              replay_only: str = "", limits: Limits | None = None, long_context: Path = LONG_CONTEXT) -> gr.Blocks:
+              replay_only: str = "", limits: Limits | None = None, long_context: Path = LONG_CONTEXT,
+              worker: EngineThread | None = None) -> gr.Blocks:
     """The whole page. `engine=None` (with `replay_only` saying why) serves the Replay tab alone, no model;
-    `limits` default to `Limits.from_env()`."""
+    `limits` default to `Limits.from_env()`; `worker` is the thread every model call runs on (one of its own,
+    started here, when not given)."""
     limits = limits or Limits.from_env()
     runs = recorded_runs(runs_dir)
     with gr.Blocks(title="Mamba drafters: speculative decoding", delete_cache=(1800, 3600)) as app:
@@ -414,7 +462,6 @@ def build_app(engine: Engine | None, prompts_dir: Path = ROOT / "assets" / "prom
             with gr.Tab("Demo", id="demo"):
                 with gr.Row(equal_height=False, elem_id="main-row"):
                     with gr.Column(scale=2, min_width=340, elem_id="controls"):
-                        toggles = presenter.view_toggles()
                         with gr.Tabs(selected="replay" if engine is None else "live", elem_id="mode-tabs"):
                             with gr.Tab("Live", id="live", visible=engine is not None, elem_id="live-tab"):
                                 examples = load_prompts(prompts_dir)
@@ -423,16 +470,18 @@ def build_app(engine: Engine | None, prompts_dir: Path = ROOT / "assets" / "prom
                                 live = live_panel(examples)
                             with gr.Tab("Replay", id="replay", elem_id="replay-tab"):
                                 replay = replay_panel(runs, replay_only)
+                        toggles = presenter.view_toggles()
                     with gr.Column(scale=5, min_width=600, elem_id="stage"):
+                        verdict = gr.HTML("", elem_id="verdict")
                         with gr.Row(equal_height=False):
-                            with gr.Column(scale=2, min_width=300):
+                            with gr.Column(scale=3, min_width=360):
                                 conversation = gr.HTML(conversation_html("", []), elem_id="conversation")
                                 caption = gr.HTML("", elem_id="caption")
-                                comparison = gr.HTML("", visible=False, elem_id="comparison")
-                            with gr.Column(scale=3, min_width=360):
+                            with gr.Column(scale=2, min_width=300):
                                 round_slider = gr.Slider(1, 2, value=1, step=1, label="Round (drag to go back)",
                                                          interactive=False, elem_id="round-slider")
                                 tree_view = gr.HTML(tree_html(None), elem_id="tree")
+                        comparison = gr.HTML("", visible=False, elem_id="comparison")
                         bandit_plot = gr.Plot(bandit_figure(None), label="Bandit arms", elem_id="bandit-plot")
                 gr.Markdown("## Live graphs")
                 with gr.Row():
@@ -445,7 +494,7 @@ def build_app(engine: Engine | None, prompts_dir: Path = ROOT / "assets" / "prom
 
         stage = Stage(conversation, caption, tree_view, round_slider, bandit_plot, speed_plot, memory_plot)
         if engine is not None:
-            wire_live(engine, live, stage, comparison, session, limits)
+            wire_live(engine, worker or EngineThread().start(), live, stage, comparison, verdict, session, limits)
         wire_replay(replay, runs, session, stage)
         presenter.wire_view(app, *toggles, live["collapsible"], session, tree_view, round_slider)
         round_slider.input(functools.partial(round_views, stage), [round_slider, session], round_outputs(stage),
@@ -497,16 +546,18 @@ def drafter_specs(args: argparse.Namespace) -> dict[str, str]:
     return {kind.name: getattr(args, kind.option) for kind in KINDS.values() if kind.flag}
 
 
-def warm_up(engine: Engine) -> None:
-    """Load the default method's models in the background, so the first click does not wait for them."""
+def warm_up(engine: Engine, worker: EngineThread) -> None:
+    """Load the default method's models on the engine thread, so the first click does not wait for them; the log
+    says when they are ready."""
 
     def load() -> None:
         try:
             engine.prepare(engine.make_config(method=DEFAULTS["method"]), lambda message: None)
+            print("Models ready: the page answers at the engine's speed now.", flush=True)
         except gr.Error as err:  # the first request reports it again, in its own page
             print(f"Background model load failed: {err.message}", flush=True)
 
-    threading.Thread(target=load, name="model-warm-up", daemon=True).start()
+    worker.submit(load)
 
 
 def return_large_frees_to_the_os() -> None:
@@ -535,12 +586,18 @@ def main(argv: list[str] | None = None) -> None:
         if why else ""
     print(f"Serving on http://{args.host}:{args.port} " + (f"in replay-only mode ({why})" if why else
                                                           "(models are loading in the background)"), flush=True)
-    page = build_app(engine, replay_only=notice)
+    worker = EngineThread()
+    page = build_app(engine, replay_only=notice, worker=worker)
     page.launch(server_name=args.host, server_port=args.port, show_error=True, footer_links=["api", "gradio"],
                 theme=gr.themes.Default(primary_hue="blue"), prevent_thread_lock=True)
-    if engine is not None:  # after the page is up: the loading thread's imports would hold up the server's
-        warm_up(engine)
-    page.block_thread()
+    if engine is None:
+        page.block_thread()
+        return
+    warm_up(engine, worker)  # after the page is up: the loading's imports would hold up the server's
+    try:
+        worker.serve()  # every model call runs on this, the main thread, from now on
+    except KeyboardInterrupt:
+        page.close()
 
 
 if __name__ == "__main__":

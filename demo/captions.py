@@ -50,7 +50,7 @@ def summary_caption(summary: Summary) -> str:
     why = STOP_REASONS.get(summary.stop_reason, summary.stop_reason)
     rate = f"; {summary.acceptance_rate:.0%} of checked drafts accepted" if summary.acceptance_rate is not None else ""
     return (f"Done: {_count(summary.new_tokens, 'token')} in {_count(summary.rounds, 'round')} "
-            f"({summary.mean_accepted_len:.1f} per round) at {summary.tokens_per_s:.1f} tokens/s{rate}; "
+            f"({summary.mean_accepted_len:.1f} per round) at {summary.engine_tokens_per_s:.1f} tokens/s{rate}; "
             f"stopped because {why}.")
 
 

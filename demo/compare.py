@@ -1,18 +1,26 @@
-"""Compare mode: the same prompt decoded by the target alone, then by the chosen method, side by side."""
+"""The verdict above the answer, and Compare mode: the same prompt decoded by the target alone, then by the chosen
+method, side by side.
+
+Every speed shown here is the engine's own: tokens over the seconds of the prompt's pass, the drafter's start and
+the rounds (`Summary.engine_seconds`), the ratio `bench` reports; the time the page spent drawing is not in it.
+"""
 
 from __future__ import annotations
 
 import html
+import statistics
 
+from demo.live import METHODS
 from demo.plots import running_rate
+from demo.session import Session
 from demo.tokens_html import stream_html
 from specdec.records import RoundRecord, Summary
 
 
 def speed(rounds: list[RoundRecord], summary: Summary | None) -> float:
-    """Tokens per second: the summary's when the run is over, else the running rate so far."""
+    """Tokens per second: the engine's whole-run rate when the run is over, else the rounds' running rate."""
     if summary is not None:
-        return summary.tokens_per_s
+        return summary.engine_tokens_per_s
     return running_rate(rounds)[-1] if rounds else 0.0
 
 
@@ -35,23 +43,85 @@ def _column(title: str, rounds: list[RoundRecord], summary: Summary | None, wait
     )
 
 
+def speedup(run: Summary, base: Summary) -> float:
+    """How many times faster `run` went than `base`, in the engine's own seconds (0 when either has none)."""
+    if base.engine_tokens_per_s <= 0:
+        return 0.0
+    return run.engine_tokens_per_s / base.engine_tokens_per_s
+
+
 def headline(base: Summary | None, run: Summary | None, label: str) -> str:
     if base is None:
         return "Step 1 of 2: the target alone writes the answer, one token per pass…"
     if run is None:
         return f"Step 2 of 2: now “{label}” writes the same answer…"
-    ratio = run.tokens_per_s / base.tokens_per_s if base.tokens_per_s > 0 else 0.0
     same = "identical text" if run.token_ids == base.token_ids else "the texts differ (a different sample or rounding)"
-    return (f"Speed-up: {ratio:.2f}× ({run.tokens_per_s:.1f} vs {base.tokens_per_s:.1f} tokens/s), "
-            f"{run.rounds} instead of {base.rounds} target passes, {same}.")
+    return (f"Speed-up: {speedup(run, base):.2f}× ({run.engine_tokens_per_s:.1f} vs {base.engine_tokens_per_s:.1f} "
+            f"tokens/s), {run.rounds} instead of {base.rounds} target passes, {same}.")
 
 
 def compare_html(base_rounds: list[RoundRecord], base: Summary | None, rounds: list[RoundRecord],
                  run: Summary | None, label: str) -> str:
-    """Both texts, both speeds and the speed-up (when both runs are done)."""
-    head = (f'<div class="sd-compare-head" style="font-size:18px;font-weight:600;margin-bottom:8px;color:#111">'
-            f"{html.escape(headline(base, run, label))}</div>")
+    """Both texts and both speeds, side by side (the verdict stands above the answer)."""
     cols = (_column("Target alone", base_rounds, base, "waiting…")
             + _column(label, rounds, run, "waits for the target-only run…"))
-    row = f'<div style="display:flex;gap:12px;flex-wrap:wrap">{cols}</div>'
-    return f'<div class="sd-compare" style="color:#111">{head}{row}</div>'
+    return f'<div class="sd-compare" style="color:#111;display:flex;gap:12px;flex-wrap:wrap">{cols}</div>'
+
+
+def pass_seconds(rounds: list[RoundRecord]) -> float | None:
+    """The measured cost of one target pass in a run: the median verification of its rounds that drafted nothing,
+    else its cheapest verification (a tree's pass costs at least a plain step, so the estimate errs low)."""
+    plain = [r.verify_ms for r in rounds if len(r.nodes) <= 1 and r.verify_ms > 0]
+    if plain:
+        return statistics.median(plain) / 1e3
+    timed = [r.verify_ms for r in rounds if r.verify_ms > 0]
+    return min(timed) / 1e3 if timed else None
+
+
+def estimated_speedup(rounds: list[RoundRecord], run: Summary) -> float | None:
+    """The target alone's time estimated from this run (its prompt pass, plus one measured target pass per new
+    token) over the run's own: the target passes saved times the cost of a pass."""
+    step = pass_seconds(rounds)
+    if step is None or run.engine_seconds <= 0:
+        return None
+    return (run.prefill_ms / 1e3 + run.new_tokens * step) / run.engine_seconds
+
+
+def verdict(rounds: list[RoundRecord], run: Summary | None, base: Summary | None, label: str,
+            comparing: bool) -> str:
+    """One sentence above the answer: how fast this run went against the target alone."""
+    if comparing:
+        return headline(base, run, label)
+    if run is None:
+        return ""
+    if run.method == "ar":
+        return (f"The target alone: {run.new_tokens} tokens at {run.engine_tokens_per_s:.1f} tokens/s, one pass a "
+                "token. Generate with a drafter to see how much faster it goes.")
+    head = f"{run.new_tokens} tokens at {run.engine_tokens_per_s:.1f} tokens/s in {run.rounds} target passes: "
+    if base is not None:
+        return head + (f"{speedup(run, base):.2f}× the target alone (its run of this prompt in this tab, "
+                       f"{base.engine_tokens_per_s:.1f} tokens/s).")
+    estimate = estimated_speedup(rounds, run)
+    if estimate is None:
+        return head.rstrip(": ") + "."
+    return head + (f"about {estimate:.2f}× the target alone (an estimate: {run.new_tokens - run.rounds} target passes "
+                   "saved, at this run's measured cost of a pass; Compare measures it).")
+
+
+def verdict_block(text: str) -> str:
+    if not text:
+        return ""
+    style = "font-size:17px;font-weight:600;line-height:1.45;color:#111;padding:8px 12px;border-radius:8px;" \
+            "background:#eef5ee;border:1px solid #b9d6b9"
+    return f'<div class="sd-verdict" style="{style}">{html.escape(text)}</div>'
+
+
+def verdict_html(session: Session, live: bool) -> str:
+    """The verdict on the session's run (none for a replay, whose speeds are another machine's)."""
+    if session.replay is not None:
+        return ""
+    label = METHODS.get(session.settings.get("method", ""), session.settings.get("method", ""))
+    base = session.baseline if session.comparing else session.target_alone()
+    if live and not session.comparing:
+        return ""
+    return verdict_block(verdict(session.rounds, session.summary, base, label, session.comparing))

@@ -91,8 +91,8 @@ def settings_panel() -> dict:
     c["method"].change(describe, c["method"], info, api_name=False, queue=False)
     c["temperature"] = gr.Slider(0.0, 1.5, value=DEFAULTS["temperature"], step=0.05, label="Temperature",
                                  info="0 = greedy: always the most likely token")
-    c["max_new_tokens"] = gr.Slider(8, 512, value=DEFAULTS["max_new_tokens"], step=8, label="Max new tokens",
-                                    elem_id="max-new-tokens")
+    c["max_new_tokens"] = gr.Number(DEFAULTS["max_new_tokens"], precision=0, label="Max new tokens",
+                                    elem_id="max-new-tokens", info="A number out of range is refused, not changed")
     c["seed"] = gr.Number(value=DEFAULTS["seed"], precision=0, label="Seed", info="Same seed, same sampled text")
     c["lookup"] = gr.Checkbox(value=DEFAULTS["lookup"], label="Also copy from the text (prompt lookup)",
                               info=f"Mamba and Transformer methods: when the last words already occurred, the "
@@ -125,25 +125,50 @@ def settings_panel() -> dict:
     return c
 
 
+EXAMPLES_PER_PAGE = 4
+
+
+def example_kinds(prompts: dict[str, list[dict]]) -> list[tuple[str, str]]:
+    """The example categories as the page's radio offers them: (label, kind)."""
+    return [(kind.capitalize(), kind) for kind in prompts]
+
+
+def example_dataset(items: list[dict], prompt: gr.Textbox) -> gr.Dataset:
+    """One category's examples, each shown whole by its label (or its prompt when it has none)."""
+    return gr.Dataset(components=[prompt], samples=[[p["prompt"]] for p in items], type="index",
+                      sample_labels=[p.get("label", p["prompt"]) for p in items], layout="table",
+                      samples_per_page=EXAMPLES_PER_PAGE, label=None, elem_id="example-list")
+
+
 def live_panel(prompts: dict[str, list[dict]]) -> dict:
-    """Prompt, buttons, settings and examples; returned by name (the settings by the names of `SETTINGS`)."""
-    c = {"prompt": gr.Textbox(label="Prompt", lines=3, max_lines=12, elem_id="prompt",
+    """Prompt, buttons, examples and settings (folded); returned by name (the settings by the names of
+    `SETTINGS`)."""
+    c = {"prompt": gr.Textbox(label="Prompt", lines=3, max_lines=8, elem_id="prompt",
                               placeholder="Ask something, e.g. “Explain why the sky is blue.”")}
-    with gr.Row():
-        c["run"] = gr.Button("▶ Generate", variant="primary", elem_id="generate-btn")
-        c["step"] = gr.Button("Step one round", elem_id="step-btn")
-        c["compare"] = gr.Button("⚖ Compare", elem_id="compare-btn")
-    with gr.Row():
-        c["stop"] = gr.Button("■ Stop", variant="stop", elem_id="stop-btn")
-        c["export"] = gr.DownloadButton("⬇ Export JSON", interactive=False, elem_id="export-btn")
-    with gr.Accordion("Settings", open=True, elem_id="settings") as settings:
-        c.update(settings_panel())
+    with gr.Row(elem_id="run-buttons"):
+        c["run"] = gr.Button("▶ Generate", variant="primary", elem_id="generate-btn", min_width=90)
+        c["step"] = gr.Button("Step one round", elem_id="step-btn", min_width=90)
+        c["compare"] = gr.Button("⚖ Compare", elem_id="compare-btn", min_width=90)
+    with gr.Row(elem_id="run-controls"):
+        c["stop"] = gr.Button("■ Stop", variant="stop", interactive=False, elem_id="stop-btn", min_width=90)
+        c["export"] = gr.DownloadButton("⬇ Export JSON", interactive=False, elem_id="export-btn", min_width=90)
     with gr.Accordion("Examples (click one to use it)", open=True, elem_id="examples") as examples:
-        with gr.Tabs():
-            for kind, items in prompts.items():
-                with gr.Tab(kind.capitalize()):
-                    labels = [p["label"] for p in items] if all("label" in p for p in items) else None
-                    gr.Examples([[p["prompt"]] for p in items], inputs=[c["prompt"]], examples_per_page=4,
-                                label=None, example_labels=labels)  # a label stands in for a long prompt
+        first = next(iter(prompts), None)
+        kind = gr.Radio(example_kinds(prompts), value=first, show_label=False, elem_id="example-kind")
+        listed = example_dataset(prompts.get(first, []), c["prompt"])
+
+        def show_kind(chosen: str) -> gr.Dataset:
+            items = prompts.get(chosen, [])
+            return gr.Dataset(samples=[[p["prompt"]] for p in items],
+                              sample_labels=[p.get("label", p["prompt"]) for p in items])
+
+        def pick(chosen: str, index: int | None) -> str:
+            items = prompts.get(chosen, [])
+            return items[index]["prompt"] if index is not None and 0 <= index < len(items) else gr.skip()
+
+        kind.change(show_kind, kind, listed, api_visibility="private", queue=False)
+        listed.click(pick, [kind, listed], c["prompt"], api_visibility="private", queue=False)
+    with gr.Accordion("Settings", open=False, elem_id="settings") as settings:
+        c.update(settings_panel())
     c["collapsible"] = [settings, examples]
     return c

@@ -49,10 +49,20 @@ def result_table(result: dict) -> str:
     return "\n".join(rows)
 
 
+def recorded_header(result: dict) -> str:
+    """One line above the figures: when, on what machine and in what dtype the benchmark ran."""
+    c = result.get("config", {})
+    device = f" ({c['device']})" if c.get("device") else ""
+    return (f"Recorded {c.get('date') or 'on an unrecorded date'} on {c.get('machine') or 'a machine not recorded'}"
+            f"{device}, {c.get('dtype') or 'dtype not recorded'}.")
+
+
 def long_context_tab(path: Path) -> None:
     """The tab's contents (inside a `gr.Tab`)."""
     result = load_result(path)
     gr.Markdown(INTRO)
+    if result:
+        gr.Markdown(recorded_header(result), elem_id="context-recorded")
     speed, memory = context_figures(result)
     with gr.Row():
         gr.Plot(speed, label="Speed", elem_id="context-speed-plot")

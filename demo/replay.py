@@ -30,6 +30,21 @@ class Replay:
     recorded: dict = field(default_factory=dict)  # where and how it was recorded (device, dtypes), when known
 
 
+def recorded_on(recorded: dict) -> str:
+    """The machine and dtype a run was recorded on, as words: "recorded on <processor> (<device>), <dtype>".
+
+    `processor` is `specdec.bench.machine_description()` (CPU model, cores, memory, GPU); older recordings hold
+    only `device` and `machine` (the architecture, e.g. x86_64), which do not say how fast the machine was.
+    """
+    dtype = recorded.get("dtype") or "dtype not recorded"
+    device = recorded.get("device")
+    if recorded.get("processor"):
+        return f"recorded on {recorded['processor']}{f' ({device})' if device else ''}, {dtype}"
+    known = " ".join(str(recorded[k]) for k in ("device", "machine") if recorded.get(k))
+    where = f"recorded on {known} (machine not recorded)" if known else "machine not recorded"
+    return f"{where}, {dtype}"
+
+
 def _known(cls: type, data: dict, what: str) -> Any:
     """`cls(**data)` with unknown keys dropped; a missing required key becomes one ValueError sentence."""
     if not isinstance(data, dict):

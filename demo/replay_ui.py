@@ -11,7 +11,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from demo.replay import Replay, load_replay
+from demo.replay import Replay, load_replay, recorded_on
 from demo.session import Session
 from demo.views import Stage, main_views
 
@@ -48,15 +48,18 @@ def replay_panel(runs: dict[str, Path], notice: str = "") -> ReplayPanel:
 
 
 def describe(replay: Replay) -> str:
-    """Where the run came from: the prompt's size, method, settings and (when recorded) the machine and dtypes."""
+    """Where the run came from: the prompt's size, method, settings; then its speed as recorded and the machine
+    and dtype it was recorded on, since a replay's speed is that machine's, not this one's."""
     s, rec = replay.settings, replay.recorded
     parts = [f"{len(replay.rounds)} rounds", f"method {s.get('method', '?')}",
              f"temperature {s.get('temperature', '?')}"]
     if s.get("lookup_branch"):
         parts.append(f"lookup branch {s['lookup_branch']}")
-    parts += [f"{k} {rec[k]}" for k in ("device", "dtype", "target_dtype", "drafter_dtype", "drafter") if k in rec]
+    parts += [f"{k} {rec[k]}" for k in ("target_dtype", "drafter_dtype", "drafter") if k in rec]
+    speed = f"{replay.summary.tokens_per_s:.1f} tokens/s" if replay.summary else "speed not recorded"
     return (f'<div style="font-size:15px;color:#333"><b>{html.escape(replay.name)}</b>: '
-            f"{html.escape(', '.join(str(p) for p in parts))}</div>")
+            f"{html.escape(', '.join(str(p) for p in parts))}<br>"
+            f'<span class="sd-recorded-on">{html.escape(f"{speed}, {recorded_on(rec)}")}</span></div>')
 
 
 def loaded(replay: Replay, session: Session | None) -> Session:

@@ -28,12 +28,24 @@ class Session:
     memory: dict = field(default_factory=dict)  # engine state kept across runs (the bandit), never shared
     replay: Replay | None = None  # replay mode: the loaded run, whose rounds are added to `rounds` one by one
     large: bool = False  # the presenter's large type (the tree is drawn with a bigger font)
+    comparing: bool = False  # the run is Compare's: the target alone first (`baseline`), then the method
+
+    def target_alone(self) -> Summary | None:
+        """The tab's last run of the target alone on this prompt, if any (a verdict's measured baseline)."""
+        return self.memory.get("target_alone", {}).get(self.prompt)
+
+    def remember_target_alone(self, summary: Summary | None = None) -> None:
+        """Keep `summary` (this run's by default), a run of the target alone, as this prompt's baseline."""
+        summary = summary or self.summary
+        if summary is not None and summary.stop_reason != "stopped":
+            self.memory.setdefault("target_alone", {})[self.prompt] = summary
 
     def start(self, prompt: str, settings: dict) -> None:
         """Forget the previous run (closing a paused step run) and arm a fresh Stop event."""
         self.close_stepper()
         self.prompt, self.settings = prompt, dict(settings)
         self.rounds, self.summary, self.baseline, self.replay = [], None, None, None
+        self.comparing = False
         self.stop = threading.Event()
 
     def add(self, event: RoundRecord | Summary) -> None:

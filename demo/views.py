@@ -41,7 +41,8 @@ def tree_view(session: Session, index: int | None = None) -> str:
 
 
 def main_views(stage: Stage, session: Session, live: bool, plots: bool = True, status: str | None = None) -> dict:
-    """One session's run on the stage; without `plots` the plots keep what they show."""
+    """One session's run on the stage: the answer, the caption, the tree and the bandit of one round; without
+    `plots` the speed and memory plots keep what they show."""
     latest = session.round_at(None)
     n = len(session.rounds)
     text = status_text(session, live) if status is None else status
@@ -52,8 +53,8 @@ def main_views(stage: Stage, session: Session, live: bool, plots: bool = True, s
         stage.round_slider: gr.Slider(minimum=1, maximum=max(n, 2), value=max(n, 1), step=1,
                                       interactive=n > 1),  # max > min always
     }
+    views[stage.bandit] = bandit_figure(latest.bandit if latest else None, latest.index if latest else None)
     if plots:
-        views[stage.bandit] = bandit_figure(latest.bandit if latest else None, latest.index if latest else None)
         views[stage.speed] = speed_figure(session.rounds)
         views[stage.memory] = memory_figure(session.rounds)
     return views

@@ -4,8 +4,8 @@
 
 Each run uses the app's own default settings (`app.settings_of` with `demo.live.DEFAULTS`) and its engine calls,
 so a replay shows exactly what the app would have shown live; the file is the app's export, compacted
-(`demo.replay.compact_payload`), with a `recorded` block saying what ran it. Re-record on a quiet machine: the
-timings in the files are the ones measured while recording.
+(`demo.replay.compact_payload`), with a `recorded` block saying what ran it (device, CPU model and GPU, dtype).
+Re-record on a quiet machine: the timings in the files are the ones measured while recording.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from demo.live import DEFAULTS  # noqa: E402
 from demo.prompts import load_prompts  # noqa: E402
 from demo.replay import compact_payload  # noqa: E402
 from demo.session import Session, export_payload  # noqa: E402
+from specdec.bench import machine_description  # noqa: E402
 
 RUNS = {  # file name -> (title, prompt id, changes to the defaults)
     "code-greedy": ("Code: a Python function (greedy)", "code-02", {}),
@@ -60,7 +61,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name}: {title}", flush=True)
         session = record(engine, prompts[prompt_id], settings)
         recorded = {"title": title, "prompt_id": prompt_id, "device": args.device, "machine": platform.machine(),
-                    "date": time.strftime("%Y-%m-%d"), **session.summary.extra}
+                    "processor": machine_description(), "date": time.strftime("%Y-%m-%d"),
+                    **session.summary.extra}  # extra: the target's dtype, the drafter, the prompt's tokens
         data = compact_payload(export_payload(session), recorded)
         text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
         if len(text.encode()) > MAX_BYTES:

@@ -11,6 +11,7 @@ from specdec.registry import KINDS, POLICY_TEXT
 from specdec.tree import MAX_DEPTH, TreeShape, parse_arms, parse_shape
 
 MAX_NEW_TOKENS = 4096
+MAX_SEED = 2**63 - 1  # torch generators take seeds up to this
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,8 @@ class GenerationConfig:
             raise ValueError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
         if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
             raise ValueError(f"max_new_tokens must be an integer from 1 to {MAX_NEW_TOKENS}, got {self.max_new_tokens}")
+        if not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"the seed must be a whole number from 0 to {MAX_SEED}, got {self.seed}")
         if not 0.0 <= self.temperature <= 5.0:
             raise ValueError(f"temperature must be between 0 and 5, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:

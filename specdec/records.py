@@ -107,5 +107,15 @@ class Summary:
     drafter_start_ms: float = 0.0  # the drafter's own reading of the prompt (its state or cache), after the prefill
     extra: dict = field(default_factory=dict)
 
+    @property
+    def engine_seconds(self) -> float:
+        """The engine's own time for the whole run: the prompt's pass, the drafter's start and the rounds (what
+        `bench` times, less the setup); the time a consumer spent between rounds is not in it."""
+        return (self.prefill_ms + self.drafter_start_ms) / 1e3 + self.seconds
+
+    @property
+    def engine_tokens_per_s(self) -> float:
+        return self.new_tokens / self.engine_seconds if self.engine_seconds > 0 else 0.0
+
     def to_dict(self) -> dict:
         return asdict(self)

@@ -7,6 +7,7 @@ Most tests drive the app in-process with `demo.fake` standing in for the engine 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from pathlib import Path
@@ -63,9 +64,13 @@ def test_step_advances_one_round_per_call_and_sessions_stay_apart(url):
 
 
 def test_compare_shows_both_runs_and_the_speed_up(url):
-    comparison = call(Client(url, verbose=False), "/compare", max_new_tokens=16).result()[7]
-    assert "Speed-up:" in comparison["value"] and "Target alone" in comparison["value"]
-    assert comparison["visible"] is True
+    final = call(Client(url, verbose=False), "/compare", max_new_tokens=16).result()
+    comparison, verdict = final[7], final[8]
+    assert "Target alone" in comparison["value"] and comparison["visible"] is True
+    run, base = (float(x) for x in re.search(r"\(([\d.]+) vs ([\d.]+) tokens/s\)", verdict).groups())
+    shown = float(re.search(r"Speed-up: ([\d.]+)×", verdict).group(1))
+    assert shown == pytest.approx(run / base, abs=0.02)  # the ratio of the two rates it names
+    assert f"{run:.1f} tokens/s" in comparison["value"] and f"{base:.1f} tokens/s" in comparison["value"]
 
 
 def test_stop_ends_the_run_and_the_app_keeps_serving(url):

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 
+import plotly.graph_objects as go
 import pytest
 
 from demo.colours import SWATCHES
 from demo.live import WAYS
-from demo.long_context import load_result, result_table
-from demo.plots import CHOSEN, MIB, OTHER, bandit_figure, context_figures, memory_figure, running_rate, speed_figure
+from demo.long_context import load_result, recorded_header, result_table
+from demo.plots import (CHOSEN, MIB, OTHER, bandit_figure, context_figures, figure_dict, memory_figure, running_rate,
+                        speed_figure)
 from specdec.records import ArmStat, BanditSnapshot, EmittedToken, RoundRecord, TreeNode
 
 
@@ -30,8 +32,13 @@ def snapshot() -> BanditSnapshot:
     return BanditSnapshot(arms, chosen=1, reward_kind="paper", last_reward=-0.4)
 
 
+def figure(plot) -> go.Figure:
+    """The figure a live plot sends, read back through plotly's validating figure (which refuses bad JSON)."""
+    return go.Figure(figure_dict(plot))
+
+
 def test_bandit_bars_per_arm_with_the_chosen_arm_highlighted():
-    fig = bandit_figure(snapshot(), round_index=6)
+    fig = figure(bandit_figure(snapshot(), round_index=6))
     assert [t.name for t in fig.data] == ["pulls", "mean reward", "UCB value"]
     pulls, mean, ucb = fig.data
     assert list(pulls.y) == ["(3)", "(2,2,1)", "chain 5"] and list(pulls.x) == [4, 6, 0]
@@ -39,10 +46,11 @@ def test_bandit_bars_per_arm_with_the_chosen_arm_highlighted():
     assert list(ucb.text) == ["1.10", "0.90", "untried"]
     assert list(pulls.marker.color) == [OTHER, CHOSEN, OTHER]
     assert "arm (2,2,1) chosen in round 7" in fig.layout.title.text and "paper" in fig.layout.title.text
+    assert [(t.xaxis, t.yaxis) for t in fig.data] == [("x", "y"), ("x2", "y2"), ("x3", "y3")]  # one column each
 
 
 def test_bandit_placeholder_without_a_bandit():
-    fig = bandit_figure(None)
+    fig = figure(bandit_figure(None))
     assert not fig.data and WAYS["ucb"] in fig.layout.annotations[0].text  # names the control that brings it
 
 
@@ -51,28 +59,29 @@ def test_running_rate_uses_round_time_only():
 
 
 def test_speed_figure_has_times_tokens_and_rate_per_round():
-    fig = speed_figure(rounds())
+    fig = figure(speed_figure(rounds()))
     by_name = {t.name: t for t in fig.data}
     assert list(by_name["draft ms"].y) == [5.0, 6.0, 7.0] and list(by_name["verify ms"].y) == [20.0] * 3
     assert list(by_name["accepted drafts"].y) == [0, 1, 2] and list(by_name["target's token"].y) == [1, 1, 1]
     assert by_name["accepted drafts"].marker.color == SWATCHES["accepted"].border
     assert list(by_name["tokens/s"].x) == [1, 2, 3]
     assert fig.layout.barmode == "stack"
+    assert [t.yaxis for t in fig.data] == ["y", "y", "y2", "y2", "y3"]  # times, tokens, rate: a panel each
 
 
 def test_memory_figure_compares_drafter_state_with_kv_cache():
-    fig = memory_figure(rounds())
+    fig = figure(memory_figure(rounds()))
     by_name = {t.name: t for t in fig.data}
     assert set(by_name) == {"process RSS", "drafter state", "target KV cache"}  # no CUDA trace on CPU
     assert list(by_name["process RSS"].y) == [100, 101, 102]
     assert list(by_name["process RSS"].x) == pytest.approx([0.1, 0.2, 0.3])
     assert list(by_name["drafter state"].y) == [0.5] * 3 and list(by_name["target KV cache"].y) == [1, 2, 3]
-    assert "CUDA allocated" in {t.name for t in memory_figure(rounds(cuda=True)).data}
+    assert "CUDA allocated" in {t.name for t in figure(memory_figure(rounds(cuda=True))).data}
 
 
 def test_empty_runs_give_placeholders():
-    assert "while generating" in speed_figure([]).layout.annotations[0].text
-    assert "while generating" in memory_figure([]).layout.annotations[0].text
+    assert "while generating" in figure(speed_figure([])).layout.annotations[0].text
+    assert "while generating" in figure(memory_figure([])).layout.annotations[0].text
 
 
 def long_result() -> dict:
@@ -118,3 +127,12 @@ def test_the_long_context_result_loads_only_when_it_is_one(tmp_path):
     three = long_result()
     three["config"]["repeats"] = 3
     assert result_table(three).endswith("greedy; each prompt's tok/s the mean of 3 runs.")
+
+
+def test_the_long_context_header_says_when_and_on_what_machine_it_was_recorded():
+    result = long_result()
+    assert recorded_header(result) == "Recorded 2026-12-03 on test, float32."
+    result["config"]["device"] = "cpu"
+    assert recorded_header(result) == "Recorded 2026-12-03 on test (cpu), float32."
+    assert recorded_header({"methods": {}}) == ("Recorded on an unrecorded date on a machine not recorded, "
+                                                "dtype not recorded.")

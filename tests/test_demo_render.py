@@ -166,6 +166,35 @@ def test_conversation_shows_prompt_tokens_status_and_legend():
     assert "Generate" in conversation_html("", [])  # the empty state says what to do
 
 
+def test_a_long_prompt_is_folded_to_its_first_lines_and_its_size():
+    document = "".join(f"Line {i} <of> the document, padded out to some length.\n" for i in range(150))
+    html = conversation_html(document, [])
+    user = re.search(r'<div class="sd-user".*?</details></div>', html, flags=re.DOTALL).group(0)
+    summary = re.search(r"<summary.*?</summary>", user, flags=re.DOTALL).group(0)
+    assert "Line 0 &lt;of&gt;" in summary and "Line 2 " in summary and "Line 3 " not in summary
+    assert f"{len(document):,} characters, 150 lines" in summary
+    assert document.replace("<", "&lt;").replace(">", "&gt;") in user.split("</summary>", 1)[1]  # opened: all
+    assert "<of>" not in html and html.count("<details") == 1
+    one_line = "word " * 200  # no line break, over the character limit: folded, its preview cut
+    summary = re.search(r"<summary.*?</summary>", conversation_html(one_line, []), flags=re.DOTALL).group(0)
+    assert "1,000 characters, 1 line:" in summary and len(summary) < 600
+
+
+def test_a_short_prompt_is_shown_whole_without_folding():
+    prompt = "\n".join(f"line {i}" for i in range(6))
+    html = conversation_html(prompt, [])
+    assert "<details" not in html and 'class="sd-user"' in html and prompt in html
+
+
+def test_tokens_of_a_round_that_drafted_nothing_are_the_target_alone_not_a_bonus():
+    alone = record([TreeNode(0, 1, "Hi", -1, 0, 1.0, 1.0, "root")], [EmittedToken(3, "!", "bonus")], [], index=2)
+    html = stream_html([alone, chain_with_bonus()])
+    tips = re.findall(r'data-source="(\w+)" data-round="(\d)" title="([^"]*)"', html)
+    assert tips[0] == ("bonus", "2", "round 3: written by the target alone")  # the CSS rule still colours it
+    assert tips[-1] == ("bonus", "4", "round 5: target&#x27;s bonus")  # after an accepted leaf it is a bonus
+    assert "target&#x27;s bonus" not in stream_html([alone])
+
+
 def test_legend_uses_the_same_colours_as_nodes_and_tokens():
     html = legend_html(("accepted", "rejected", "target"))
     for kind in ("accepted", "rejected", "target"):
@@ -197,8 +226,12 @@ def test_round_caption_for_rejections_and_target_only():
         "Round 1: nothing was drafted; the target produced 1 token on its own (“ b”, a bonus token).")
 
 
-def summary(method="mamba-ucb", tokens_per_s=40.0, rounds=10, ids=(1, 2, 3), reason="max_new_tokens") -> Summary:
-    return Summary(method, "abc", list(ids), len(ids), rounds, 5.0, 1.0, tokens_per_s, len(ids) / rounds, 0.5, 30, reason)
+def summary(method="mamba-ucb", tokens_per_s=40.0, rounds=10, ids=(1, 2, 3), reason="max_new_tokens",
+            prefill_ms=0.0) -> Summary:
+    """A run of `ids` whose engine time (prefill and rounds) gives `tokens_per_s`."""
+    seconds = len(ids) / tokens_per_s - prefill_ms / 1e3
+    return Summary(method, "abc", list(ids), len(ids), rounds, prefill_ms, seconds, len(ids) / seconds,
+                   len(ids) / rounds, 0.5, 30, reason)
 
 
 def test_summary_caption():
@@ -211,9 +244,25 @@ def test_summary_caption():
 def test_compare_reports_both_speeds_and_the_speed_up():
     base, run = summary("ar", 20.0, rounds=3), summary(tokens_per_s=50.0, rounds=2)
     html = compare_html([chain_with_bonus()], base, [tree_with_correction()], run, "Mamba tree + bandit")
-    assert "Speed-up: 2.50× (50.0 vs 20.0 tokens/s), 2 instead of 3 target passes, identical text." in html
+    assert headline(base, run, "M") == "Speed-up: 2.50× (50.0 vs 20.0 tokens/s), 2 instead of 3 target passes, " \
+        "identical text."
     assert "Target alone" in html and "Mamba tree + bandit" in html
     assert html.count('class="sd-compare-speed"') == 2 and "50.0 tokens/s" in html
+
+
+def test_the_verdict_is_measured_against_the_tabs_own_target_alone_run_or_estimated():
+    from demo.compare import verdict
+
+    run = summary(tokens_per_s=30.0, rounds=2, ids=(1, 2, 3, 4, 5, 6), prefill_ms=20.0)
+    measured = verdict([], run, summary("ar", 20.0, rounds=6, ids=(1, 2, 3, 4, 5, 6)), "M", comparing=False)
+    assert "1.50× the target alone (its run of this prompt in this tab, 20.0 tokens/s)" in measured
+    plain, tree = chain_with_bonus(), tree_with_correction()
+    estimate = verdict([plain, tree], run, None, "M", comparing=False)
+    # the target alone: the prompt's 20 ms, then 6 passes at the cheapest measured verification
+    step = min(plain.verify_ms, tree.verify_ms) / 1e3 if len(plain.nodes) > 1 else plain.verify_ms / 1e3
+    assert f"about {(0.02 + 6 * step) / run.engine_seconds:.2f}× the target alone (an estimate: 4 target passes" \
+        in estimate
+    assert "one pass a token" in verdict([], summary("ar"), None, "M", comparing=False)
 
 
 def test_compare_headline_while_running():

@@ -13,7 +13,7 @@ import pytest
 
 from demo.fake import fake_generate
 from demo.prompts import CHARS_PER_TOKEN, LONG_DOCUMENT, LONG_DOCUMENT_TOKENS, load_prompts, long_documents
-from demo.runner import in_background
+from demo.runner import EngineThread
 from demo.session import Session, export_payload, write_export
 from specdec.records import RoundRecord, Summary
 
@@ -92,6 +92,13 @@ def test_export_is_json_with_every_round(tmp_path):
     assert not stale.exists() and path.exists()
 
 
+ENGINE = EngineThread().start()
+
+
+def in_background(events, stop=None, interval=0.2):
+    return ENGINE.frames(events, stop, interval)
+
+
 def test_runner_passes_every_event_in_order():
     batches = list(in_background(iter(range(50)), interval=0.01))
     assert [e for b in batches for e in b] == list(range(50)) and all(batches)
@@ -161,3 +168,16 @@ def test_demo_modules_never_import_torch():
         names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
         assert not [m for m in names if m.split(".")[0] == "torch"], path.name
+
+
+def test_every_job_runs_on_the_one_engine_thread():
+    """Model work never lands on another thread (each would get an OpenMP team of its own)."""
+    names = {ENGINE.call(lambda: threading.current_thread().name) for _ in range(3)}
+    def events():
+        for _ in range(3):
+            yield threading.current_thread().name
+    names |= {name for batch in ENGINE.frames(events(), interval=0) for name in batch}
+    names.add(ENGINE.call(lambda: ENGINE.call(lambda: threading.current_thread().name)))  # nested: no deadlock
+    assert names == {"engine"}
+    with pytest.raises(ZeroDivisionError):
+        ENGINE.call(lambda: 1 / 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -10,13 +11,15 @@ import pytest
 
 from demo.captions import status_text
 from demo.fake import fake_generate
-from demo.replay import compact_payload, load_replay, recorded_runs, replay_from_dict
-from demo.replay_ui import advance, finished, loaded
+from demo.replay import compact_payload, load_replay, recorded_on, recorded_runs, replay_from_dict
+from demo.replay_ui import advance, describe, finished, loaded
 from demo.session import Session, export_payload
 from demo.views import tree_view
+from specdec.config import GenerationConfig
 from specdec.records import RoundRecord, Summary
 
-RUNS = Path(__file__).resolve().parent.parent / "assets" / "runs"
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = ROOT / "assets" / "runs"
 
 
 def exported(n_tokens: int = 16, method: str = "mamba-ucb") -> dict:
@@ -134,3 +137,38 @@ def test_shipped_runs_cover_code_a_lookup_branch_and_sampling():
     assert any(n.copied for r in runs["summary-lookup"].rounds for n in r.nodes)
     assert runs["chat-sampled"].settings["temperature"] > 0 and runs["code-greedy"].settings["temperature"] == 0
     assert "def " in runs["code-greedy"].summary.text
+
+
+def test_the_machine_and_dtype_of_a_recording_stand_beside_its_speed():
+    replay = replay_from_dict({**exported(), "recorded": {"device": "cpu", "dtype": "bfloat16",
+                                                           "processor": "AMD EPYC 9R14, 2 cores, 8 GiB"}})
+    line = f"{replay.summary.tokens_per_s:.1f} tokens/s, recorded on AMD EPYC 9R14, 2 cores, 8 GiB (cpu), bfloat16"
+    assert line in describe(replay)
+    assert recorded_on({"device": "cpu", "machine": "x86_64", "dtype": "float32"}) == \
+        "recorded on cpu x86_64 (machine not recorded), float32"  # the architecture alone: no CPU model
+    assert recorded_on({}) == "machine not recorded, dtype not recorded"
+    for path in recorded_runs(RUNS).values():  # every shipped run says what it can of its machine
+        info = describe(load_replay(path))
+        assert "tokens/s, recorded on cpu" in info and "bfloat16" in info
+
+
+def test_record_runs_writes_the_processor_and_dtype(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("record_runs", ROOT / "scripts" / "record_runs.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    def fake_engine(*args, **kwargs) -> SimpleNamespace:
+        def generate(models, prompt, config, stop, memory):
+            for event in fake_generate(models, prompt, config, stop, delay=0):
+                if isinstance(event, Summary):
+                    event.extra["dtype"] = "bfloat16"
+                yield event
+        return SimpleNamespace(make_config=lambda **kw: GenerationConfig(**kw).validate(),
+                               prepare=lambda config, progress: None, generate=generate)
+
+    monkeypatch.setattr(script.app, "real_engine", fake_engine)
+    monkeypatch.setattr(script, "machine_description", lambda: "Test CPU, 2 cores, 8 GiB")
+    script.main(["--out", str(tmp_path), "--only", "code-greedy"])
+    replay = load_replay(tmp_path / "code-greedy.json")
+    assert replay.recorded["processor"] == "Test CPU, 2 cores, 8 GiB"
+    assert recorded_on(replay.recorded) == "recorded on Test CPU, 2 cores, 8 GiB (cpu), bfloat16"
