@@ -30,7 +30,7 @@ from demo.compare import compare_html, verdict_html
 from demo.explainer import explainer_html
 from demo.live import DEFAULTS, LOOKUP_BRANCH, METHODS, SETTINGS, live_panel
 from demo.long_context import long_context_tab
-from demo.plots import bandit_figure, memory_figure, speed_figure
+from demo.charts import memory_chart, speed_chart
 from demo.prompts import LONG_DOCUMENT, load_prompts, long_documents
 from demo.replay import recorded_runs
 from demo.replay_ui import replay_panel, wire_replay
@@ -38,7 +38,7 @@ from demo.runner import EngineThread
 from demo.session import Session, write_export
 from demo.tokens_html import conversation_html
 from demo.tree_svg import tree_html
-from demo.views import Stage, main_views, round_outputs, round_views
+from demo.views import Stage, bandit_view, main_views, round_outputs, round_views
 from specdec.config import MAX_SEED
 from specdec.records import Summary
 from specdec.registry import KINDS
@@ -482,11 +482,11 @@ def build_app(engine: Engine | None, prompts_dir: Path = ROOT / "assets" / "prom
                                                          interactive=False, elem_id="round-slider")
                                 tree_view = gr.HTML(tree_html(None), elem_id="tree")
                         comparison = gr.HTML("", visible=False, elem_id="comparison")
-                        bandit_plot = gr.Plot(bandit_figure(None), label="Bandit arms", elem_id="bandit-plot")
+                        bandit_plot = gr.HTML(bandit_view(None), elem_id="bandit-plot")
                 gr.Markdown("## Live graphs")
                 with gr.Row():
-                    speed_plot = gr.Plot(speed_figure([]), label="Speed", elem_id="speed-plot")
-                    memory_plot = gr.Plot(memory_figure([]), label="Memory", elem_id="memory-plot")
+                    speed_plot = gr.HTML(speed_chart([]), elem_id="speed-plot")
+                    memory_plot = gr.HTML(memory_chart([]), elem_id="memory-plot")
             with gr.Tab("Long documents", id="long"):
                 long_context_tab(long_context)
             with gr.Tab("How it works", id="explainer") as explainer_tab:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 
-from demo.plots import running_rate
+from demo.charts import running_rate
 from demo.session import Session
 from demo.tree_svg import target_token
 from specdec.records import RoundRecord, Summary

@@ -11,7 +11,7 @@ import html
 import statistics
 
 from demo.live import METHODS
-from demo.plots import running_rate
+from demo.charts import running_rate
 from demo.session import Session
 from demo.tokens_html import stream_html
 from specdec.records import RoundRecord, Summary

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 _DONE = object()
-FRAME_S = 0.25  # a page redraws a streaming run at most this often
+FRAME_S = 0.5  # a page redraws a streaming run at most this often (twice a second)
 
 
 class EngineThread:

@@ -7,7 +7,9 @@ from dataclasses import dataclass, fields
 import gradio as gr
 
 from demo.captions import caption_html, round_caption, status_text
-from demo.plots import bandit_figure, memory_figure, speed_figure
+from demo.bandit_html import bandit_html
+from demo.live import WAYS
+from demo.charts import memory_chart, speed_chart
 from demo.session import Session
 from demo.tokens_html import conversation_html
 from demo.tree_svg import tree_html
@@ -23,9 +25,9 @@ class Stage:
     caption: gr.HTML
     tree: gr.HTML
     round_slider: gr.Slider
-    bandit: gr.Plot
-    speed: gr.Plot
-    memory: gr.Plot
+    bandit: gr.HTML
+    speed: gr.HTML
+    memory: gr.HTML
 
     @property
     def outputs(self) -> list:
@@ -38,6 +40,16 @@ def tree_view(session: Session, index: int | None = None) -> str:
     whole run."""
     total = len(session.replay.rounds) if session.replay else len(session.rounds)
     return tree_html(session.round_at(index), total, TREE_FONT[session.large])
+
+
+BANDIT_WAITING = f"The bandit's arms show here when Drafting is “{WAYS['ucb']}”."
+
+
+def bandit_view(record) -> str:
+    """The bandit as it chose in `record`'s round (a placeholder without one)."""
+    if record is None or record.bandit is None:
+        return bandit_html(None, waiting=BANDIT_WAITING)
+    return bandit_html(record.bandit, record.index)
 
 
 def main_views(stage: Stage, session: Session, live: bool, plots: bool = True, status: str | None = None) -> dict:
@@ -53,10 +65,10 @@ def main_views(stage: Stage, session: Session, live: bool, plots: bool = True, s
         stage.round_slider: gr.Slider(minimum=1, maximum=max(n, 2), value=max(n, 1), step=1,
                                       interactive=n > 1),  # max > min always
     }
-    views[stage.bandit] = bandit_figure(latest.bandit if latest else None, latest.index if latest else None)
+    views[stage.bandit] = bandit_view(latest)
     if plots:
-        views[stage.speed] = speed_figure(session.rounds)
-        views[stage.memory] = memory_figure(session.rounds)
+        views[stage.speed] = speed_chart(session.rounds)
+        views[stage.memory] = memory_chart(session.rounds)
     return views
 
 
@@ -66,7 +78,7 @@ def round_views(stage: Stage, number: float, session: Session | None) -> dict:
     if record is None:
         return gr.skip()
     return {stage.caption: caption_html(round_caption(record)), stage.tree: tree_view(session, record.index),
-            stage.bandit: bandit_figure(record.bandit, record.index)}
+            stage.bandit: bandit_view(record)}
 
 
 def round_outputs(stage: Stage) -> list:

@@ -1,17 +1,20 @@
-"""Plotly figures of `demo/plots.py`: bandit bars, per-round speed, memory."""
+"""The run's figures: the bandit's bars (`demo/bandit_html.py`), per-round speed and memory (`demo/plots.py`)."""
 
 from __future__ import annotations
 
+import html
 import json
+import re
 
-import plotly.graph_objects as go
 import pytest
 
 from demo.colours import SWATCHES
 from demo.live import WAYS
 from demo.long_context import load_result, recorded_header, result_table
-from demo.plots import (CHOSEN, MIB, OTHER, bandit_figure, context_figures, figure_dict, memory_figure, running_rate,
-                        speed_figure)
+from demo.bandit_html import CHOSEN, OTHER, bandit_html
+from demo.charts import ACCEPTED, MIB, memory_chart, running_rate, speed_chart
+from demo.plots import context_figures
+from demo.views import bandit_view
 from specdec.records import ArmStat, BanditSnapshot, EmittedToken, RoundRecord, TreeNode
 
 
@@ -32,56 +35,62 @@ def snapshot() -> BanditSnapshot:
     return BanditSnapshot(arms, chosen=1, reward_kind="paper", last_reward=-0.4)
 
 
-def figure(plot) -> go.Figure:
-    """The figure a live plot sends, read back through plotly's validating figure (which refuses bad JSON)."""
-    return go.Figure(figure_dict(plot))
+def series(chart: str) -> dict[str, list[tuple[float, float]]]:
+    """The chart's series by name: a bar series' (x, height) per bar, a line's (x, y) points, in SVG units."""
+    out = {}
+    for name, body in re.findall(r'class="sd-series" data-name="([^"]+)"([^<]*(?:<rect[^>]*/>)*)', chart):
+        if "points=" in body:
+            pts = re.search(r'points="([^"]*)"', body).group(1).split()
+            out[html.unescape(name)] = [tuple(float(v) for v in p.split(",")) for p in pts]
+        else:
+            out[html.unescape(name)] = [(float(x), float(h)) for x, h in
+                                        re.findall(r'<rect x="([\d.]+)" y="[\d.]+" width="[\d.]+" height="([\d.]+)"',
+                                                   body)]
+    return out
 
 
 def test_bandit_bars_per_arm_with_the_chosen_arm_highlighted():
-    fig = figure(bandit_figure(snapshot(), round_index=6))
-    assert [t.name for t in fig.data] == ["pulls", "mean reward", "UCB value"]
-    pulls, mean, ucb = fig.data
-    assert list(pulls.y) == ["(3)", "(2,2,1)", "chain 5"] and list(pulls.x) == [4, 6, 0]
-    assert list(mean.x) == [-0.61, -0.42, 0] and list(mean.text) == ["-0.61", "-0.42", "untried"]
-    assert list(ucb.text) == ["1.10", "0.90", "untried"]
-    assert list(pulls.marker.color) == [OTHER, CHOSEN, OTHER]
-    assert "arm (2,2,1) chosen in round 7" in fig.layout.title.text and "paper" in fig.layout.title.text
-    assert [(t.xaxis, t.yaxis) for t in fig.data] == [("x", "y"), ("x2", "y2"), ("x3", "y3")]  # one column each
+    panel = bandit_html(snapshot(), round_index=6)
+    arms = re.findall(r'class="sd-arm" data-chosen="(\w+)"[^>]*>([^<]+)<', panel)
+    assert arms == [("false", "(3)"), ("true", "(2,2,1)"), ("false", "chain 5")]
+    numbers = re.findall(r"<span>([^<]+)</span>", panel)  # by arm: pulls, mean reward, UCB value
+    assert numbers == ["4", "-0.61", "1.10", "6", "-0.42", "0.90", "0", "untried", "untried"]
+    assert panel.count(CHOSEN) == 3 and panel.count(OTHER) == 6  # the chosen arm's three bars in orange
+    assert "arm (2,2,1) chosen in round 7" in panel and "paper reward" in panel
 
 
 def test_bandit_placeholder_without_a_bandit():
-    fig = figure(bandit_figure(None))
-    assert not fig.data and WAYS["ucb"] in fig.layout.annotations[0].text  # names the control that brings it
+    assert WAYS["ucb"] in bandit_view(None)  # names the control that brings it
 
 
 def test_running_rate_uses_round_time_only():
     assert running_rate(rounds()) == pytest.approx([1 / 0.025, 3 / 0.051, 6 / 0.078])
 
 
-def test_speed_figure_has_times_tokens_and_rate_per_round():
-    fig = figure(speed_figure(rounds()))
-    by_name = {t.name: t for t in fig.data}
-    assert list(by_name["draft ms"].y) == [5.0, 6.0, 7.0] and list(by_name["verify ms"].y) == [20.0] * 3
-    assert list(by_name["accepted drafts"].y) == [0, 1, 2] and list(by_name["target's token"].y) == [1, 1, 1]
-    assert by_name["accepted drafts"].marker.color == SWATCHES["accepted"].border
-    assert list(by_name["tokens/s"].x) == [1, 2, 3]
-    assert fig.layout.barmode == "stack"
-    assert [t.yaxis for t in fig.data] == ["y", "y", "y2", "y2", "y3"]  # times, tokens, rate: a panel each
+def test_speed_chart_has_times_tokens_and_rate_per_round():
+    chart = speed_chart(rounds())
+    by_name = series(chart)
+    assert list(by_name) == ["draft ms", "verify ms", "accepted drafts", "target's token", "tokens/s"]
+    draft, verify = [h for _, h in by_name["draft ms"]], [h for _, h in by_name["verify ms"]]
+    assert draft[2] / draft[0] == pytest.approx(7.0 / 5.0, rel=0.02) and verify[0] == pytest.approx(verify[2])
+    assert len(by_name["accepted drafts"]) == 2  # rounds 2 and 3 accepted a draft, round 1 none
+    assert len(by_name["target's token"]) == 3 and len(by_name["tokens/s"]) == 3
+    rate = [y for _, y in by_name["tokens/s"]]
+    assert rate[0] > rate[1] > rate[2]  # SVG y grows downwards: the running rate rises, 40 -> 59 -> 77 tokens/s
+    assert f'fill="{ACCEPTED}"' in chart
 
 
-def test_memory_figure_compares_drafter_state_with_kv_cache():
-    fig = figure(memory_figure(rounds()))
-    by_name = {t.name: t for t in fig.data}
-    assert set(by_name) == {"process RSS", "drafter state", "target KV cache"}  # no CUDA trace on CPU
-    assert list(by_name["process RSS"].y) == [100, 101, 102]
-    assert list(by_name["process RSS"].x) == pytest.approx([0.1, 0.2, 0.3])
-    assert list(by_name["drafter state"].y) == [0.5] * 3 and list(by_name["target KV cache"].y) == [1, 2, 3]
-    assert "CUDA allocated" in {t.name for t in figure(memory_figure(rounds(cuda=True))).data}
+def test_memory_chart_compares_drafter_state_with_kv_cache():
+    by_name = series(memory_chart(rounds()))
+    assert set(by_name) == {"process RSS", "drafter state", "target KV cache"}  # no CUDA line on CPU
+    assert len({y for _, y in by_name["drafter state"]}) == 1  # a fixed-size state
+    kv = [y for _, y in by_name["target KV cache"]]
+    assert kv[0] > kv[1] > kv[2]  # the target's cache grows
+    assert "CUDA allocated" in series(memory_chart(rounds(cuda=True)))
 
 
 def test_empty_runs_give_placeholders():
-    assert "while generating" in figure(speed_figure([])).layout.annotations[0].text
-    assert "while generating" in figure(memory_figure([])).layout.annotations[0].text
+    assert "while generating" in speed_chart([]) and "while generating" in memory_chart([])
 
 
 def long_result() -> dict:

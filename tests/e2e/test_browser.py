@@ -96,8 +96,9 @@ def test_generate_streams_tokens_tree_and_plots(page):
     assert "p (target) = " in tip and ("q (drafter) = " in tip or "copied from the context" in tip)
 
     # plots rendered by plotly in the page
-    for plot in ("#speed-plot", "#memory-plot", "#bandit-plot"):
+    for plot in ("#speed-plot", "#memory-plot"):
         page.wait_for_selector(f"{plot} .main-svg", timeout=30_000)
+    page.wait_for_selector("#bandit-plot .sd-arm[data-chosen=true]", timeout=30_000)
     assert page.locator("#speed-plot .bars path, #speed-plot .trace").count() > 0
 
     SCREENSHOT.parent.mkdir(exist_ok=True)
