@@ -215,7 +215,7 @@ class OpenRuns:
             yield from events
 
 
-STEP_STATUS = "Step mode: press “Step one round” (or the N key) again for the next round."
+STEP_STATUS = "Step mode: press “Step” (or the N key) again for the next round."
 
 
 @dataclass(frozen=True, eq=False)
@@ -439,19 +439,32 @@ def explain(number: float, session: Session | None) -> str:
 
 
 INTRO = (
-    "## Speculative decoding with a Mamba drafter\n"
-    "A small, fast **drafter** guesses a *tree* of next tokens; the **target** checks the whole tree in one pass and "
-    "keeps what it agrees with, so the text is exactly the target's own (with temperature 0), in fewer passes. "
-    "Pick an example, then **Generate**, **Step one round** or **Compare** with the target alone."
+    "### Speculative decoding with a Mamba drafter\n"
+    "A small **drafter** guesses a *tree* of next tokens; the **target** checks the whole tree in one pass, so the "
+    "text is the target's own in fewer passes. Pick an example, then **Generate**, **Step** or **Compare**."
 )
+
+
+def models_state(ready: threading.Event | None) -> None:
+    """A line under the buttons saying whether the models are loaded yet, checked each second until they are."""
+
+    def line() -> str:
+        done = ready is None or ready.is_set()
+        text = "Models ready." if done else "Loading the models… the first run waits for them."
+        return f'<div class="sd-models" data-ready="{str(done).lower()}" style="font-size:14px;color:#555">{text}</div>'
+
+    state = gr.HTML(line(), elem_id="models-state")
+    timer = gr.Timer(1.0, active=ready is not None and not ready.is_set())
+    timer.tick(lambda: (line(), gr.Timer(active=not (ready is None or ready.is_set()))), None, [state, timer],
+               api_visibility="private", queue=False, show_progress="hidden")
 
 
 def build_app(engine: Engine | None, prompts_dir: Path = ROOT / "assets" / "prompts", runs_dir: Path = RUNS,
               replay_only: str = "", limits: Limits | None = None, long_context: Path = LONG_CONTEXT,
-              worker: EngineThread | None = None) -> gr.Blocks:
+              worker: EngineThread | None = None, ready: threading.Event | None = None) -> gr.Blocks:
     """The whole page. `engine=None` (with `replay_only` saying why) serves the Replay tab alone, no model;
     `limits` default to `Limits.from_env()`; `worker` is the thread every model call runs on (one of its own,
-    started here, when not given)."""
+    started here, when not given); `ready` is set once the models are loaded (None: nothing to wait for)."""
     limits = limits or Limits.from_env()
     runs = recorded_runs(runs_dir)
     with gr.Blocks(title="Mamba drafters: speculative decoding", delete_cache=(1800, 3600)) as app:
@@ -468,6 +481,7 @@ def build_app(engine: Engine | None, prompts_dir: Path = ROOT / "assets" / "prom
                                 if long := long_documents(limits.max_prompt_chars):
                                     examples[LONG_DOCUMENT] = long
                                 live = live_panel(examples)
+                                models_state(ready)
                             with gr.Tab("Replay", id="replay", elem_id="replay-tab"):
                                 replay = replay_panel(runs, replay_only)
                         toggles = presenter.view_toggles()
@@ -546,13 +560,14 @@ def drafter_specs(args: argparse.Namespace) -> dict[str, str]:
     return {kind.name: getattr(args, kind.option) for kind in KINDS.values() if kind.flag}
 
 
-def warm_up(engine: Engine, worker: EngineThread) -> None:
+def warm_up(engine: Engine, worker: EngineThread, ready: threading.Event) -> None:
     """Load the default method's models on the engine thread, so the first click does not wait for them; the log
     says when they are ready."""
 
     def load() -> None:
         try:
             engine.prepare(engine.make_config(method=DEFAULTS["method"]), lambda message: None)
+            ready.set()
             print("Models ready: the page answers at the engine's speed now.", flush=True)
         except gr.Error as err:  # the first request reports it again, in its own page
             print(f"Background model load failed: {err.message}", flush=True)
@@ -586,14 +601,14 @@ def main(argv: list[str] | None = None) -> None:
         if why else ""
     print(f"Serving on http://{args.host}:{args.port} " + (f"in replay-only mode ({why})" if why else
                                                           "(models are loading in the background)"), flush=True)
-    worker = EngineThread()
-    page = build_app(engine, replay_only=notice, worker=worker)
+    worker, ready = EngineThread(), threading.Event()
+    page = build_app(engine, replay_only=notice, worker=worker, ready=None if engine is None else ready)
     page.launch(server_name=args.host, server_port=args.port, show_error=True, footer_links=["api", "gradio"],
                 theme=gr.themes.Default(primary_hue="blue"), prevent_thread_lock=True)
     if engine is None:
         page.block_thread()
         return
-    warm_up(engine, worker)  # after the page is up: the loading's imports would hold up the server's
+    warm_up(engine, worker, ready)  # after the page is up: the loading's imports would hold up the server's
     try:
         worker.serve()  # every model call runs on this, the main thread, from now on
     except KeyboardInterrupt:

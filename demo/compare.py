@@ -8,7 +8,6 @@ the rounds (`Summary.engine_seconds`), the ratio `bench` reports; the time the p
 from __future__ import annotations
 
 import html
-import statistics
 
 from demo.live import METHODS
 from demo.charts import running_rate
@@ -69,11 +68,8 @@ def compare_html(base_rounds: list[RoundRecord], base: Summary | None, rounds: l
 
 
 def pass_seconds(rounds: list[RoundRecord]) -> float | None:
-    """The measured cost of one target pass in a run: the median verification of its rounds that drafted nothing,
-    else its cheapest verification (a tree's pass costs at least a plain step, so the estimate errs low)."""
-    plain = [r.verify_ms for r in rounds if len(r.nodes) <= 1 and r.verify_ms > 0]
-    if plain:
-        return statistics.median(plain) / 1e3
+    """The measured cost of one target pass in a run: its cheapest verification (a tree's pass costs at least a
+    plain step, so an estimate built on it errs low)."""
     timed = [r.verify_ms for r in rounds if r.verify_ms > 0]
     return min(timed) / 1e3 if timed else None
 
@@ -97,15 +93,15 @@ def verdict(rounds: list[RoundRecord], run: Summary | None, base: Summary | None
     if run.method == "ar":
         return (f"The target alone: {run.new_tokens} tokens at {run.engine_tokens_per_s:.1f} tokens/s, one pass a "
                 "token. Generate with a drafter to see how much faster it goes.")
-    head = f"{run.new_tokens} tokens at {run.engine_tokens_per_s:.1f} tokens/s in {run.rounds} target passes: "
+    head = f"{run.new_tokens} tokens at {run.engine_tokens_per_s:.1f} tokens/s in {run.rounds} target passes · "
     if base is not None:
         return head + (f"{speedup(run, base):.2f}× the target alone (its run of this prompt in this tab, "
                        f"{base.engine_tokens_per_s:.1f} tokens/s).")
     estimate = estimated_speedup(rounds, run)
     if estimate is None:
-        return head.rstrip(": ") + "."
-    return head + (f"about {estimate:.2f}× the target alone (an estimate: {run.new_tokens - run.rounds} target passes "
-                   "saved, at this run's measured cost of a pass; Compare measures it).")
+        return head.rstrip(" ·") + "."
+    return head + (f"about {estimate:.2f}× the target alone (estimated: {run.new_tokens - run.rounds} target passes "
+                   "saved at this run's cost of a pass; Compare measures it).")
 
 
 def verdict_block(text: str) -> str:

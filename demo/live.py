@@ -125,49 +125,44 @@ def settings_panel() -> dict:
     return c
 
 
-EXAMPLES_PER_PAGE = 4
-
-
 def example_kinds(prompts: dict[str, list[dict]]) -> list[tuple[str, str]]:
     """The example categories as the page's radio offers them: (label, kind)."""
     return [(kind.capitalize(), kind) for kind in prompts]
 
 
-def example_dataset(items: list[dict], prompt: gr.Textbox) -> gr.Dataset:
-    """One category's examples, each shown whole by its label (or its prompt when it has none)."""
-    return gr.Dataset(components=[prompt], samples=[[p["prompt"]] for p in items], type="index",
-                      sample_labels=[p.get("label", p["prompt"]) for p in items], layout="table",
-                      samples_per_page=EXAMPLES_PER_PAGE, label=None, elem_id="example-list")
+def example_choices(items: list[dict]) -> list[tuple[str, int]]:
+    """One category's examples as radio choices: each shown whole by its label (or its prompt), by index."""
+    return [(p.get("label", p["prompt"]), i) for i, p in enumerate(items)]
 
 
 def live_panel(prompts: dict[str, list[dict]]) -> dict:
     """Prompt, buttons, examples and settings (folded); returned by name (the settings by the names of
     `SETTINGS`)."""
-    c = {"prompt": gr.Textbox(label="Prompt", lines=3, max_lines=8, elem_id="prompt",
+    c = {"prompt": gr.Textbox(label="Prompt", lines=2, max_lines=8, elem_id="prompt",
                               placeholder="Ask something, e.g. “Explain why the sky is blue.”")}
     with gr.Row(elem_id="run-buttons"):
         c["run"] = gr.Button("▶ Generate", variant="primary", elem_id="generate-btn", min_width=90)
-        c["step"] = gr.Button("Step one round", elem_id="step-btn", min_width=90)
+        c["step"] = gr.Button("Step ›", elem_id="step-btn", min_width=90)
         c["compare"] = gr.Button("⚖ Compare", elem_id="compare-btn", min_width=90)
     with gr.Row(elem_id="run-controls"):
-        c["stop"] = gr.Button("■ Stop", variant="stop", interactive=False, elem_id="stop-btn", min_width=90)
-        c["export"] = gr.DownloadButton("⬇ Export JSON", interactive=False, elem_id="export-btn", min_width=90)
+        c["stop"] = gr.Button("■ Stop", variant="stop", interactive=False, elem_id="stop-btn", min_width=90, size="sm")
+        c["export"] = gr.DownloadButton("⬇ Export JSON", interactive=False, elem_id="export-btn", min_width=90,
+                                        size="sm")
     with gr.Accordion("Examples (click one to use it)", open=True, elem_id="examples") as examples:
         first = next(iter(prompts), None)
         kind = gr.Radio(example_kinds(prompts), value=first, show_label=False, elem_id="example-kind")
-        listed = example_dataset(prompts.get(first, []), c["prompt"])
+        listed = gr.Radio(example_choices(prompts.get(first, [])), value=None, show_label=False,
+                          elem_id="example-list")
 
-        def show_kind(chosen: str) -> gr.Dataset:
-            items = prompts.get(chosen, [])
-            return gr.Dataset(samples=[[p["prompt"]] for p in items],
-                              sample_labels=[p.get("label", p["prompt"]) for p in items])
+        def show_kind(chosen: str) -> gr.Radio:
+            return gr.Radio(example_choices(prompts.get(chosen, [])), value=None)
 
         def pick(chosen: str, index: int | None) -> str:
             items = prompts.get(chosen, [])
             return items[index]["prompt"] if index is not None and 0 <= index < len(items) else gr.skip()
 
         kind.change(show_kind, kind, listed, api_visibility="private", queue=False)
-        listed.click(pick, [kind, listed], c["prompt"], api_visibility="private", queue=False)
+        listed.input(pick, [kind, listed], c["prompt"], api_visibility="private", queue=False)
     with gr.Accordion("Settings", open=False, elem_id="settings") as settings:
         c.update(settings_panel())
     c["collapsible"] = [settings, examples]

@@ -15,6 +15,12 @@ from demo.views import tree_view
 NEXT_KEYS = ("n", "N", "ArrowRight", "PageDown")  # PageDown and → are what presentation clickers send
 
 STYLE = """<style>
+.gradio-container > .main { padding-top: 0 !important; }
+.sd-intro h3 { margin: 4px 0 2px 0 !important; }
+#run-buttons button { white-space: nowrap; padding-left: 6px; padding-right: 6px; }
+#example-list { max-height: 232px; overflow-y: auto; }
+#example-list label { width: 100%; font-size: 14px; }
+#verdict:empty, #verdict .prose:empty { display: none; }
 body.sd-presenter .sd-intro, body.sd-presenter #method-info { display: none; }
 body.sd-presenter .gradio-container > .main { max-width: none !important; padding: 0 12px !important; }
 body.sd-presenter #controls { flex: 0 0 300px !important; min-width: 280px !important; max-width: 320px; }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specdec.passages import LONG_TOPICS, long_passage, summary_prompt
+from specdec.passages import example_documents
 
 KINDS = ("chat", "code", "math", "summary")
 
@@ -23,17 +23,11 @@ def load_prompts(folder: Path) -> dict[str, list[dict]]:
 
 
 LONG_DOCUMENT = "long document"
-LONG_DOCUMENT_TOKENS = (2000, 4000, 6000)  # one passage of about each length, a topic each
-CHARS_PER_TOKEN = 4  # about, for this prose and SmolLM2's tokenizer: passages are cut by characters
 
 
 def long_documents(max_chars: int) -> list[dict]:
-    """The "Long document" examples: summaries of passages of the Python docs of about 2,000, 4,000 and 6,000
-    tokens, built from the docs Python ships (nothing stored here); those longer than `max_chars` are left out."""
-    items = []
-    for tokens, topic in zip(LONG_DOCUMENT_TOKENS, LONG_TOPICS):
-        prompt = summary_prompt(long_passage(topic, lambda text, n=tokens: len(text) >= n * CHARS_PER_TOKEN))
-        if len(prompt) <= max_chars:
-            items.append({"id": f"long-{tokens}", "kind": LONG_DOCUMENT, "prompt": prompt,
-                          "label": f"Summarise the Python docs on {topic!r} (about {tokens:,} tokens)"})
-    return items
+    """The "Long document" examples (`specdec.passages.example_documents`, built from the docs Python ships, nothing
+    stored here); those longer than `max_chars` are left out."""
+    return [{"id": doc["id"], "kind": LONG_DOCUMENT, "prompt": doc["prompt"],
+             "label": f"Summarise the Python docs on {doc['topic']!r} (about {doc['tokens']:,} tokens)"}
+            for doc in example_documents() if len(doc["prompt"]) <= max_chars]

@@ -32,7 +32,7 @@ from specdec.bandit import UCBBandit
 from specdec.config import BANDIT_SCOPES, DEFAULT_ARMS, LOOKUP_BRANCH, METHODS, REWARDS, GenerationConfig
 from specdec.engine import encode_prompt, generate
 from specdec.models import Models
-from specdec.passages import LONG_TOPICS, long_passage, summary_prompt
+from specdec.passages import LONG_TOPICS, example_documents, long_passage, summary_prompt
 from specdec.records import RoundRecord, Summary
 
 HF_METHODS = ("hf-ar", "hf-assisted", "hf-lookup")
@@ -465,6 +465,11 @@ def write_csv(result: dict, path: str) -> None:
 
 # --- long contexts --------------------------------------------------------------------------------------------
 LONG_LENGTHS = (2500,)  # passage tokens of `bench --long` without a list
+
+
+def example_prompts() -> list[dict]:
+    """The app's long-document examples, exactly as the page offers them; kind `long-<about tokens>`."""
+    return [{"id": doc["id"], "kind": f"long-{doc['tokens']}", "prompt": doc["prompt"]} for doc in example_documents()]
 
 
 def long_prompts(tokenizer, lengths=LONG_LENGTHS, topics=LONG_TOPICS) -> list[dict]:

@@ -120,7 +120,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                    help="e.g. 400,2000: what verifying 1-16 tokens costs, in target steps, after that many tokens")
     b.add_argument("--long", nargs="?", const=",".join(map(str, LONG_LENGTHS)), default=None, metavar="TOKENS",
                    help="the long-context comparison instead of the prompt files: summaries of three passages of "
-                        "the Python docs cut at each length, e.g. --long 2500,4500,7500 (default "
+                        "the Python docs cut at each length, e.g. --long 2500,4500,7500, or `--long examples`: the "
+                        "app's three long-document examples (what its Long documents page shows) (default "
                         f"{','.join(map(str, LONG_LENGTHS))}; --limit N: the first N passages a length), with a "
                         "table of where the time goes per length")
     b.add_argument("--licences", action="store_true",
@@ -168,7 +169,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         methods = _split_methods(args.methods)
         if args.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
-        if args.long:
+        if args.long == "examples":
+            prompts = bench.example_prompts()
+        elif args.long:
             lengths = [int(x) for x in args.long.split(",")]
             prompts = bench.long_prompts(models.target.tokenizer, lengths, bench.LONG_TOPICS[: args.limit or None])
         elif args.licences:

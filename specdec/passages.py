@@ -36,6 +36,18 @@ def summary_prompt(passage: str) -> str:
     return f"Summarise this part of the Python documentation in a few sentences:\n\n{passage}"
 
 
+EXAMPLE_TOKENS = (2000, 4000, 6000)  # the app's long-document examples: one passage of about each length, a topic each
+CHARS_PER_TOKEN = 4  # about, for this prose and SmolLM2's tokenizer: the examples are cut by characters
+
+
+def example_documents() -> list[dict]:
+    """The app's "Long document" examples (`bench --long examples` measures these same prompts): summaries of
+    passages of about 2,000, 4,000 and 6,000 tokens, cut by characters so that no tokenizer is needed."""
+    return [{"id": f"long-{tokens}", "tokens": tokens, "topic": topic,
+             "prompt": summary_prompt(long_passage(topic, lambda text, n=tokens: len(text) >= n * CHARS_PER_TOKEN))}
+            for tokens, topic in zip(EXAMPLE_TOKENS, LONG_TOPICS)]
+
+
 # Licence texts for long-context prompts of another kind than the corpus's: Debian's copies of common licences.
 # The three below are what `bench --licences` measures; the distillation corpus never trains on them, nor on any
 # text that shares more than `MEASURED_OVERLAP` of its 8-word shingles with one of them (`specdec.distill.corpus`).

@@ -259,8 +259,8 @@ def test_the_verdict_is_measured_against_the_tabs_own_target_alone_run_or_estima
     plain, tree = chain_with_bonus(), tree_with_correction()
     estimate = verdict([plain, tree], run, None, "M", comparing=False)
     # the target alone: the prompt's 20 ms, then 6 passes at the cheapest measured verification
-    step = min(plain.verify_ms, tree.verify_ms) / 1e3 if len(plain.nodes) > 1 else plain.verify_ms / 1e3
-    assert f"about {(0.02 + 6 * step) / run.engine_seconds:.2f}× the target alone (an estimate: 4 target passes" \
+    step = min(plain.verify_ms, tree.verify_ms) / 1e3
+    assert f"about {(0.02 + 6 * step) / run.engine_seconds:.2f}× the target alone (estimated: 4 target passes" \
         in estimate
     assert "one pass a token" in verdict([], summary("ar"), None, "M", comparing=False)
 

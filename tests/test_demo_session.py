@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from demo.fake import fake_generate
-from demo.prompts import CHARS_PER_TOKEN, LONG_DOCUMENT, LONG_DOCUMENT_TOKENS, load_prompts, long_documents
+from demo.prompts import LONG_DOCUMENT, load_prompts, long_documents
+from specdec.passages import CHARS_PER_TOKEN, EXAMPLE_TOKENS
 from demo.runner import EngineThread
 from demo.session import Session, export_payload, write_export
 from specdec.records import RoundRecord, Summary
@@ -153,7 +154,7 @@ def test_example_prompts():
 def test_long_document_examples_fit_the_prompt_cap():
     items = long_documents(32000)
     assert [p["id"] for p in items] == ["long-2000", "long-4000", "long-6000"]
-    for item, tokens in zip(items, LONG_DOCUMENT_TOKENS):
+    for item, tokens in zip(items, EXAMPLE_TOKENS):
         assert tokens * CHARS_PER_TOKEN <= len(item["prompt"]) <= 32000 and str(tokens)[0] in item["label"]
         assert item["kind"] == LONG_DOCUMENT
     assert [p["id"] for p in long_documents(9000)] == ["long-2000"]  # the Space's cap
@@ -181,3 +182,12 @@ def test_every_job_runs_on_the_one_engine_thread():
     assert names == {"engine"}
     with pytest.raises(ZeroDivisionError):
         ENGINE.call(lambda: 1 / 0)
+
+
+def test_bench_long_examples_are_the_pages_examples():
+    """`bench --long examples` measures exactly the prompts the page offers, so the Long documents page's lengths
+    are the examples'."""
+    from specdec.bench import example_prompts
+
+    assert [p["prompt"] for p in example_prompts()] == [p["prompt"] for p in long_documents(10**6)]
+    assert [p["kind"] for p in example_prompts()] == [f"long-{t}" for t in EXAMPLE_TOKENS]

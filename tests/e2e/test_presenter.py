@@ -86,7 +86,7 @@ def test_presenter_view_shows_answer_and_tree_on_the_first_screen(browser, live_
     page.wait_for_function("document.body.classList.contains('sd-presenter')")
     page.locator("#prompt textarea").fill("Explain speculative decoding to a class.")
     page.locator("body").click(position={"x": size[0] - 5, "y": size[1] - 5})  # leave the text field
-    for n in (1, 2, 3):  # the N key presses "Step one round"
+    for n in (1, 2, 3):  # the N key presses "Step"
         press_until(page, "n", n, 60_000 if n == 1 else 5_000)  # the first step reads the settings (imports)
     assert not page.locator("#max-new-tokens").is_visible()  # the settings are collapsed
     stream = within_first_screen(page, "#conversation", size)
