@@ -13,8 +13,9 @@ from demo.plots import context_figures
 INTRO = (
     "A Mamba drafter's whole context is a fixed-size state, so drafting costs the same at 100 tokens or 8,000, and "
     "so does its memory; a Transformer drafter's KV cache grows with the prompt, and so does each of its steps. "
-    "The figures come from one benchmark run on long passages of the Python documentation (the *Long document* "
-    "examples are such passages). Speed includes reading the prompt, which every method does the same way."
+    "The figures come from one benchmark run on the page's three *Long document* examples (`python -m specdec bench "
+    "--long examples`), on the machine named below. Speed includes reading the prompt, which every method does the "
+    "same way."
 )
 
 

@@ -377,17 +377,25 @@ def verifier_layout(models: Models) -> str:
     return "row-invariant" if row_invariant_by_default(models.device) else "block"
 
 
+VECTOR_KINDS = (("amx_tile", "AMX"), ("avx512_bf16", "AVX-512 with BF16"), ("avx512f", "AVX-512"),
+                ("avx2", "AVX2 only"))  # the widest kernels torch's CPU paths can use, widest first
+
+
 def machine_description() -> str:
-    cpu = platform.processor() or platform.machine()
+    """E.g. "AMD EPYC (AVX2 only), 2 cores, 24 GiB": the CPU, the widest vector kind its flags offer, cores, memory
+    (and the GPU)."""
+    cpu, flags = platform.processor() or platform.machine(), set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith("model name") and cpu == (platform.processor() or platform.machine()):
                 cpu = line.split(":", 1)[1].strip()
-                break
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
+    kind = next((f" ({name})" for flag, name in VECTOR_KINDS if flag in flags), "")
     gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
-    return f"{cpu}, {psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB{gpu}"
+    return f"{cpu}{kind}, {psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB{gpu}"
 
 
 def _fmt(value, spec: str) -> str:

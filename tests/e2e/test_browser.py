@@ -39,10 +39,20 @@ def page(browser, app_url):
     tab.close()
 
 
+def open_settings(page) -> None:
+    """The settings are folded away when the page opens."""
+    if not page.locator("#max-new-tokens input[type=number]").is_visible():
+        page.locator("#settings").get_by_text("Settings").first.click()
+    expect(page.locator("#max-new-tokens input[type=number]")).to_be_visible()
+
+
 def test_generate_streams_tokens_tree_and_plots(page):
     """Long (the page is served with the real models, which load first): the one test of the whole page in a
     browser, streaming and all."""
+    expect(page.locator("#stop-btn")).to_be_disabled()  # nothing runs yet
+    page.wait_for_selector("#models-state .sd-models[data-ready=true]", timeout=180_000)
     page.locator("#prompt textarea").fill("Give me three tips for staying focused while studying.")
+    open_settings(page)
     page.locator("#max-new-tokens input[type=number]").fill("26")
     page.locator("#max-new-tokens input[type=number]").press("Enter")
     page.get_by_text("Advanced", exact=True).click()  # the paper's reward: the rounds do not depend on timings
@@ -95,11 +105,11 @@ def test_generate_streams_tokens_tree_and_plots(page):
     tip = drafted.first.text_content()  # hover text of a drafted node
     assert "p (target) = " in tip and ("q (drafter) = " in tip or "copied from the context" in tip)
 
-    # plots rendered by plotly in the page
+    # the live graphs, drawn as SVG
     for plot in ("#speed-plot", "#memory-plot"):
-        page.wait_for_selector(f"{plot} .main-svg", timeout=30_000)
+        page.wait_for_selector(f"{plot} svg.sd-chart-svg .sd-series", timeout=30_000)
     page.wait_for_selector("#bandit-plot .sd-arm[data-chosen=true]", timeout=30_000)
-    assert page.locator("#speed-plot .bars path, #speed-plot .trace").count() > 0
+    assert page.locator("#speed-plot .sd-series rect").count() >= len(data["rounds"])  # a bar a round at least
 
     SCREENSHOT.parent.mkdir(exist_ok=True)
     page.screenshot(path=str(SCREENSHOT), full_page=True)
@@ -126,3 +136,31 @@ def test_stop_cancels_and_the_page_stays_usable(page):
     page.wait_for_selector("#conversation .sd-status:has-text('you pressed Stop')", timeout=60_000)
     assert page.locator("#conversation .sd-tok").count() < 256
     assert page.locator("#generate-btn").is_enabled()
+
+
+def engine_rate(summary: dict) -> float:
+    """Tokens over the engine's own seconds (`Summary.engine_seconds`), from a summary as the export holds it."""
+    return summary["new_tokens"] / ((summary["prefill_ms"] + summary["drafter_start_ms"]) / 1e3 + summary["seconds"])
+
+
+def test_compare_verdict_is_the_ratio_of_the_two_runs_engine_seconds(page):
+    """The arithmetic and the wiring, not a speed: the verdict above the answer is what the two runs' records give."""
+    page.locator("#prompt textarea").fill("Name three colours of the rainbow.")
+    page.locator("#max-new-tokens input[type=number]").fill("24")
+    page.locator("#max-new-tokens input[type=number]").press("Enter")
+    page.locator("#compare-btn").click()
+    expect(page.locator("#stop-btn")).to_be_enabled(timeout=30_000)  # enabled while the run goes
+    page.wait_for_selector("#verdict .sd-verdict:has-text('Speed-up:')", timeout=240_000)
+    expect(page.locator("#stop-btn")).to_be_disabled(timeout=30_000)
+    with page.expect_download() as download:
+        page.locator("#export-btn").click()
+    data = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
+    run, base = engine_rate(data["summary"]), engine_rate(data["baseline"])
+    verdict = page.locator("#verdict").inner_text()
+    assert f"Speed-up: {run / base:.2f}× ({run:.1f} vs {base:.1f} tokens/s)" in verdict
+    assert f"{data['summary']['rounds']} instead of {data['baseline']['rounds']} target passes" in verdict
+    assert data["baseline"]["method"] == "ar" and data["baseline"]["token_ids"] == data["summary"]["token_ids"]
+    alone = page.locator("#comparison .sd-compare-col").first
+    assert f"{base:.1f} tokens/s" in alone.inner_text()
+    # the target alone's tokens are its own, not "bonus" tokens of a draft
+    assert "written by the target alone" in alone.locator(".sd-tok").first.get_attribute("title")

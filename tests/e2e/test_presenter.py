@@ -129,7 +129,7 @@ def test_replay_advances_round_by_round_by_button_key_and_play(browser, replay_a
     total = len(load_replay(ROOT / "assets" / "runs" / "code-greedy.json").rounds)
     assert f"Round 2 of {total}" in page.locator("#tree .sd-tree-head").inner_text()
     for plot in ("#speed-plot", "#memory-plot"):
-        page.wait_for_selector(f"{plot} .main-svg")
+        page.wait_for_selector(f"{plot} svg.sd-chart-svg .sd-series")
     page.wait_for_selector("#bandit-plot .sd-bandit")
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "replay-step-1440x900.png"))
