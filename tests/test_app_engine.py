@@ -60,3 +60,25 @@ def test_new_bandit_settings_renew_the_sessions_bandit(tiny_models, engine):
     events = _run(engine, tiny_models, engine.make_config(method="mamba-ucb", arms="3", max_new_tokens=6), memory)
     assert memory["bandit"] is not old and [a.name for a in memory["bandit"].arms] == ["chain 3"]
     assert sum(memory["bandit"].pulls) == events[-1].rounds
+
+
+def test_a_bandit_settled_on_drafting_nothing_drafts_again_on_a_new_prompt(engine, monkeypatch):
+    """After a run where drafting never paid (or one stopped early), the tab's bandit prefers arm "0"; a new prompt
+    starts from the priors again, the same prompt keeps what it learnt."""
+    import specdec.engine
+
+    passed = []
+    monkeypatch.setattr(specdec.engine, "generate", lambda models, prompt, config, stop, bandit: passed.append(bandit))
+    config = engine.make_config(method="mamba-ucb", arms="0; 3", reward="paper")
+    memory: dict = {}
+    engine.generate(None, "first", config, threading.Event(), memory)
+    settled = passed[-1]
+    for _ in range(20):  # drafting never pays: arm "0" wins
+        settled.update(0, -1.0)
+        settled.update(1, -5.0)
+    assert app.settled_on_no_drafting(settled)
+    engine.generate(None, "first", config, threading.Event(), memory)
+    assert passed[-1] is settled  # the same prompt again: the bandit keeps what it learnt
+    engine.generate(None, "a new prompt", config, threading.Event(), memory)
+    assert passed[-1] is not settled and passed[-1] is memory["bandit"]
+    assert passed[-1].pulls == [0, 0]  # a fresh bandit: the priors, every arm untried

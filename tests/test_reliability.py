@@ -23,6 +23,8 @@ from specdec.models import ModelLoadError, load_model
 from tests.app_process import ROOT, close_blocks, free_port
 from tests.test_app_client import ARGS, fake_engine
 
+UNTIMED = dict.fromkeys(("tokens_per_s", "engine_tokens_per_s", "engine_seconds"), 0)  # timings differ run to run
+
 LIMITS = app.Limits(max_new_tokens=64, max_prompt_chars=500, queue_size=4)
 
 
@@ -79,8 +81,9 @@ def test_numbers_out_of_range_over_the_api(client):
     refused(client, "seed must be a whole number", seed=-1)
     refused(client, "at most 64 new tokens", max_new_tokens=65)
     refused(client, "temperature", temperature=-1)
-    refused(client, "trimming threshold \\(min_branch_q\\) must be at least 0", min_branch_q=1.0)
-    refused(client, "expansion threshold \\(min_expand_q\\) must be from 0 to 1", min_expand_q=-0.1)
+    refused(client, "min_branch_q must be in \\[0, 1\\), got 1.0", min_branch_q=1.0)
+    refused(client, "min_expand_q must be in \\[0, 1\\], got -0.1", min_expand_q=-0.1)
+    refused(client, "max_new_tokens must be an integer from 1", max_new_tokens=0)  # refused, not clamped
     assert len(complete(client, "Hi", seed=app.MAX_SEED)["token_ids"]) == 8
 
 
@@ -150,9 +153,10 @@ def test_models_load_in_the_background_at_start():
         seen.update(method=config.method, thread=threading.current_thread().name)
         loaded.set()
 
-    engine = fake_engine()
-    app.warm_up(app.Engine(engine.make_config, prepare, engine.generate))
-    assert loaded.wait(10) and seen == {"method": "mamba-ucb", "thread": "model-warm-up"}
+    engine, worker, ready = fake_engine(), app.EngineThread().start(), threading.Event()
+    app.warm_up(app.Engine(engine.make_config, prepare, engine.generate), worker, ready)
+    assert loaded.wait(10) and seen == {"method": "mamba-ucb", "thread": "engine"}  # the thread every run uses
+    assert ready.wait(10)  # the page's "Models ready"
 
 
 def test_one_progress_indicator_where_the_answer_appears():
@@ -185,6 +189,7 @@ def refuse(self, address, *args):
     raise OSError("network blocked by the test")
 socket.socket.connect = refuse
 from specdec.models import Models
+
 models = Models("smollm2-135m-instruct", device="cpu", dtype="float32", drafter_dtype="float32")
 models.load(lambda message: None)
 models.drafter("mamba", lambda message: None)
@@ -203,7 +208,7 @@ def test_local_models_load_without_any_network_access():
 
 
 def answer_alone(client: Client, request: dict) -> dict:
-    return {**client.predict(**request, api_name="/complete"), "tokens_per_s": 0}
+    return {**client.predict(**request, api_name="/complete"), **UNTIMED}
 
 
 @pytest.mark.parametrize("clients", [4, 8])
@@ -214,7 +219,7 @@ def test_simultaneous_clients_each_get_what_they_get_alone(client, clients):
                 for i in range(clients)]
     alone = [answer_alone(client, r) for r in requests]
     jobs = [Client(client.src, verbose=False).submit(**r, api_name="/complete") for r in requests]
-    together = [{**job.result(timeout=60), "tokens_per_s": 0} for job in jobs]
+    together = [{**job.result(timeout=60), **UNTIMED} for job in jobs]
     assert together == alone
 
 
