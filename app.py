@@ -343,6 +343,18 @@ class Live:
 
         return self.worker.call(decode)
 
+    def records(self, prompt: str, settings: dict) -> Iterator[dict]:
+        """Decode on the engine thread, yielding each round's record as JSON as soon as it is made, then the
+        summary: `{"round": ...}`, ..., `{"summary": ...}`. A consumer that leaves stops the run at its next round."""
+        stop = threading.Event()
+        config, models = self.setup(settings, lambda fraction, desc=None: None)
+        try:
+            for batch in self.worker.frames(self.generate(models, prompt, config, stop, {}), stop, interval=0):
+                for event in batch:
+                    yield {"summary" if isinstance(event, Summary) else "round": event.to_dict()}
+        except ValueError as err:
+            raise refused(sentence(err)) from err
+
     def close(self, session: Session | None) -> None:
         """The tab closed: its paused step run (and the target's cache it holds) is freed on the engine thread."""
         if session is not None:
@@ -386,7 +398,8 @@ def wire_buttons(live: Live, panel: dict, limits: Limits) -> None:
 
 
 def wire_api(live: Live, limits: Limits) -> None:
-    """The plain endpoints: `complete` (the answer as JSON, same parameters as `generate`) and `status`."""
+    """The API: `complete` (the answer as JSON), `rounds` (the run's round records streamed as JSON) and `status`
+    (the page's own events stream its HTML)."""
 
     async def complete(prompt: str, method: str = DEFAULTS["method"], temperature: float = DEFAULTS["temperature"],
                        max_new_tokens: int = DEFAULTS["max_new_tokens"], seed: int = DEFAULTS["seed"],
@@ -406,11 +419,22 @@ def wire_api(live: Live, limits: Limits) -> None:
             await asyncio.wait({worker}, timeout=CANCEL_WAIT_S)
             raise
 
+    def rounds(prompt: str, settings: dict | None = None) -> Iterator[dict]:
+        """Decode `prompt` and stream the run as JSON: each round's record (`{"round": ...}`: its tree, the tokens
+        it emitted, its timings and the bandit) as it is made, then `{"summary": ...}`. `settings`: the names and
+        defaults of `complete`'s parameters."""
+        unknown = sorted(set(settings or {}) - set(SETTINGS))
+        if unknown:
+            raise refused(f"Unknown settings {', '.join(unknown)}; the settings are {', '.join(SETTINGS)}.")
+        values = {**DEFAULTS, **(settings or {})}
+        yield from live.records(checked_prompt(prompt, limits), settings_of(**values, limits=limits))
+
     def status() -> dict:
         """Engine runs open in this process: 0 when idle; a cancelled or stopped run closes within one round."""
         return {"engine_runs": live.runs.count}
 
     gr.api(complete, api_name="complete", concurrency_limit=1, concurrency_id="model")
+    gr.api(rounds, api_name="rounds", concurrency_limit=1, concurrency_id="model")
     gr.api(status, api_name="status", queue=False)
 
 

@@ -152,3 +152,15 @@ def test_lookup_checkbox_sets_the_engine_default_branch():
     args = {k: v for k, v in ARGS.items() if k != "lookup"}
     on, off = app.settings_of(**args, lookup=True), app.settings_of(**args, lookup=False)
     assert GenerationConfig(**on).validate().grafts_lookup and not GenerationConfig(**off).grafts_lookup
+
+
+def test_rounds_streams_the_runs_records_as_json(url):
+    client = Client(url, verbose=False)
+    job = client.submit("Explain speculative decoding.", {"max_new_tokens": 12, "method": "mamba-ucb"},
+                        api_name="/rounds")
+    events = list(job)
+    rounds, last = [e["round"] for e in events[:-1]], events[-1]["summary"]
+    assert rounds and all(r["emitted"] and "nodes" in r and "verify_ms" in r for r in rounds)
+    assert [t["token_id"] for r in rounds for t in r["emitted"]] == last["token_ids"] and last["new_tokens"] == 12
+    with pytest.raises(AppError, match="Unknown settings colour"):
+        client.predict("Hi", {"colour": "red"}, api_name="/rounds")
