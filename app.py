@@ -252,7 +252,8 @@ class Live:
             config = self.engine.make_config(**settings)
         except ValueError as err:
             raise refused(f"Invalid settings: {err}.") from err
-        return config, self.worker.call(lambda: self.engine.prepare(config, lambda message: progress(0.5, desc=message)))
+        report = lambda message: progress(0.5, desc=message)  # noqa: E731 - the loader's progress, on the page
+        return config, self.worker.call(lambda: self.engine.prepare(config, report))
 
     def opening(self, prompt: str, settings: dict, session: Session, progress) -> Iterator[dict]:
         """Show the fresh run at once, then validate and load: `config, models = yield from opening(...)`."""

@@ -145,7 +145,8 @@ def live_panel(prompts: dict[str, list[dict]]) -> dict:
         c["step"] = gr.Button("Step ›", elem_id="step-btn", min_width=90)
         c["compare"] = gr.Button("⚖ Compare", elem_id="compare-btn", min_width=90)
     with gr.Row(elem_id="run-controls"):
-        c["stop"] = gr.Button("■ Stop", variant="stop", interactive=False, elem_id="stop-btn", min_width=90, size="sm")
+        c["stop"] = gr.Button("■ Stop", variant="stop", interactive=False, elem_id="stop-btn", min_width=90,
+                              size="sm")
         c["export"] = gr.DownloadButton("⬇ Export JSON", interactive=False, elem_id="export-btn", min_width=90,
                                         size="sm")
     with gr.Accordion("Examples (click one to use it)", open=True, elem_id="examples") as examples:

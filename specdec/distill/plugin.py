@@ -82,7 +82,7 @@ def save_drafter(model: PreTrainedModel, draft_ids: torch.Tensor, tokenizer: Pre
         if hasattr(tokenizer, "backend_tokenizer"):  # a fast tokenizer: one line of JSON, not indented
             tokenizer.backend_tokenizer.save(str(folder / "tokenizer.json"), pretty=False)
     if len(draft_ids) < model.config.vocab_size:
-        (folder / "draft_vocab.json").write_text(json.dumps({"token_ids": draft_ids.tolist()}))
+        (folder / "draft_vocab.json").write_text(json.dumps({"token_ids": draft_ids.tolist()}, separators=(",", ":")))
     return folder
 
 

@@ -99,7 +99,7 @@ def _load_or_init(run: Path, config: TrainConfig, recipe: Recipe, shards: list[S
         return model, draft_ids, ckpt
     torch.manual_seed(config.seed)
     model, draft_ids = recipe.fresh(config, shards, vocab_size)
-    (run / "draft_vocab.json").write_text(json.dumps({"token_ids": draft_ids.tolist()}))
+    (run / "draft_vocab.json").write_text(json.dumps({"token_ids": draft_ids.tolist()}, separators=(",", ":")))
     (run / "train_config.json").write_text(json.dumps({**asdict(config), "vocab_size": vocab_size,
                                                        **recipe.saved_config(model)}, indent=1))
     return model, draft_ids, None
