@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from demo.colours import SWATCHES
-from specdec.records import RoundRecord
+from specdec.records import RoundRecord, depth_reached
 
 DRAFT, VERIFY, CUDA, INK = "#56b4e9", "#cc79a7", "#e69f00", "#222"
 ACCEPTED, TARGET = SWATCHES["accepted"].border, SWATCHES["target"].fill
@@ -53,13 +53,13 @@ def _frame(top: float, title: str, high: float, x_label: str) -> list[str]:
             f"{html.escape(x_label)}</text>"]
 
 
-def bars(top: float, title: str, stacks: list[Series]) -> list[str]:
-    """Stacked bars, one a round, the stacks' values added bottom up."""
+def bars(top: float, title: str, stacks: list[Series], unit: str = "round") -> list[str]:
+    """Stacked bars, one a round (or a depth: `unit`), the stacks' values added bottom up."""
     n = max((len(s.values) for s in stacks), default=0)
     totals = [sum(s.values[i] for s in stacks) for i in range(n)]
     high = max(totals, default=0.0) or 1.0
     w = (WIDTH - LEFT - 12) / max(n, 1)
-    out = _frame(top, title, high, f"round 1 to {n}" if n else "round")
+    out = _frame(top, title, high, f"{unit} 1 to {n}" if n else unit)
     for s_index, series in enumerate(stacks):
         base = [sum(stacks[k].values[i] for k in range(s_index)) for i in range(n)]
         rects = "".join(
@@ -118,11 +118,16 @@ def speed_chart(rounds: list[RoundRecord]) -> str:
     tokens = [Series("accepted drafts", ACCEPTED, [r.accepted_len for r in rounds]),
               Series("target's token", TARGET, [len(r.emitted) - r.accepted_len for r in rounds])]
     rate = [Series("tokens/s", INK, running_rate(rounds), [r.index + 1 for r in rounds])]
-    top = TOP
-    panels = [bars(top, "time per round (ms)", times),
-              bars(top + PANEL_H + GAP, "tokens emitted per round", tokens),
-              lines(top + 2 * (PANEL_H + GAP), "running tokens/s", rate, "round")]
-    return chart("Speed", panels, times + tokens + rate, "sd-speed")
+    panels = [bars(TOP, "time per round (ms)", times),
+              bars(TOP + PANEL_H + GAP, "tokens emitted per round", tokens),
+              lines(TOP + 2 * (PANEL_H + GAP), "running tokens/s", rate, "round")]
+    keys = times + tokens + rate
+    reached = depth_reached((len(r.shape), r.accepted_len) for r in rounds)
+    if reached:
+        depth = [Series("depth reached", ACCEPTED, reached)]
+        panels.append(bars(TOP + 3 * (PANEL_H + GAP), "acceptance by depth: of the rounds that drafted d deep, "
+                                                      "the share whose accepted path reached d", depth, "depth"))
+    return chart("Speed", panels, keys, "sd-speed")
 
 
 def memory_chart(rounds: list[RoundRecord]) -> str:

@@ -33,7 +33,7 @@ from specdec.config import BANDIT_SCOPES, DEFAULT_ARMS, LOOKUP_BRANCH, METHODS, 
 from specdec.engine import encode_prompt, generate
 from specdec.models import Models
 from specdec.passages import LONG_TOPICS, example_documents, long_passage, summary_prompt
-from specdec.records import RoundRecord, Summary
+from specdec.records import RoundRecord, Summary, depth_reached
 
 HF_METHODS = ("hf-ar", "hf-assisted", "hf-lookup")
 FLOAT32_AR = "ar-float32"  # the engine's `ar` with a float32 copy of the target: what exactness cost before bf16
@@ -153,6 +153,7 @@ class Run:
     round_ms: list[float] = field(default_factory=list)
     prompt_tokens: int = 0
     mapping_ms: list[float] = field(default_factory=list)  # a drafter of another tokenizer: re-encoding per round
+    depths: list[tuple[int, int]] = field(default_factory=list)  # per round: (depth drafted, drafted tokens accepted)
 
 
 def run_engine(models: Models, prompt: str, config: GenerationConfig, bandit=None) -> Run:
@@ -169,7 +170,8 @@ def run_engine(models: Models, prompt: str, config: GenerationConfig, bandit=Non
                max((r.drafter_state_bytes for r in rounds), default=0),
                max((r.target_kv_bytes for r in rounds), default=0),
                summary.prefill_ms, summary.drafter_start_ms, [r.round_ms for r in rounds],
-               summary.extra["prompt_tokens"], [r.mapping_ms for r in rounds if r.mapping_ms is not None])
+               summary.extra["prompt_tokens"], [r.mapping_ms for r in rounds if r.mapping_ms is not None],
+               [(len(r.shape), r.accepted_len) for r in rounds])
 
 
 @torch.inference_mode()
@@ -250,6 +252,7 @@ def _aggregate(runs: list[Run], ar_runs: list[Run] | None, greedy: bool, engine:
         "bandit_rounds": dict(Counter(arm for r in runs for arm in r.arms)) or None,
         "drafter_mb": max(r.drafter_bytes for r in runs) / 2**20 if engine else None,
         "target_kv_mb": max(r.target_kv_bytes for r in runs) / 2**20 if engine else None,
+        "depth_reached": depth_reached(d for r in runs for d in r.depths) or None,
     }
 
 
@@ -429,6 +432,7 @@ def markdown_table(result: dict) -> str:
                 f"{c['prompts']} prompts x {c['repeats']}, "
                 f"{c['max_new_tokens']} new tokens, temperature {c['temperature']}.")
     rows += per_prompt_rows(result)
+    rows += depth_rows(result)
     scope = "one bandit for the whole run" if c.get("bandit_scope") == "session" else "a fresh bandit per prompt"
     for name, r in result["methods"].items():
         if r.get("bandit_rounds"):
@@ -441,6 +445,22 @@ def markdown_table(result: dict) -> str:
             diffs = ", ".join(f"{k} at {d}" for k, d in r["vs_hf_ar"]["first_difference"].items())
             rows.append(f"\n{name} differs from hf-ar on: {diffs}.")
     return "\n".join(rows)
+
+
+def depth_rows(result: dict) -> list[str]:
+    """Acceptance by depth per method: of the rounds that drafted d deep, the share whose accepted path reached
+    depth d (nothing when no method drafted)."""
+    reached = {name: r["depth_reached"] for name, r in result["methods"].items() if r.get("depth_reached")}
+    if not reached:
+        return []
+    deepest = max(len(v) for v in reached.values())
+    rows = ["\nAcceptance by depth: of the rounds that drafted d deep, the share whose accepted path reached d:\n",
+            "| method | " + " | ".join(f"d={d}" for d in range(1, deepest + 1)) + " |",
+            "|---|" + "---|" * deepest]
+    for name, shares in reached.items():
+        cells = [f"{x:.2f}" for x in shares] + ["-"] * (deepest - len(shares))
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    return rows
 
 
 def per_prompt_rows(result: dict) -> list[str]:

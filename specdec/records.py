@@ -10,6 +10,7 @@ target token sampled from the residual after every child of a node was rejected.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -119,3 +120,19 @@ class Summary:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def depth_reached(rounds: Iterable[tuple[int, int]]) -> list[float]:
+    """Acceptance by depth, from (depth drafted, drafted tokens accepted) per round: for d = 1, 2, ..., the share of
+    the rounds that drafted at least d deep whose accepted path reached depth d. The first entry is how often the
+    first drafted token is right; where the list falls off is where a tree stops paying for its depth."""
+    drafted: list[int] = []
+    reached: list[int] = []
+    for depth, accepted in rounds:
+        for d in range(depth):
+            if d == len(drafted):
+                drafted.append(0)
+                reached.append(0)
+            drafted[d] += 1
+            reached[d] += accepted > d
+    return [r / n for r, n in zip(reached, drafted)]

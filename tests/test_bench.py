@@ -6,6 +6,7 @@ import pytest
 
 from specdec import bench
 from specdec.config import LOOKUP_BRANCH, GenerationConfig
+from specdec.records import depth_reached
 
 
 @pytest.fixture
@@ -50,6 +51,17 @@ def test_benchmark_compares_methods(tiny_models, prompts):
     ratios = [mine[k] / ar[k] for k in ar]
     assert f"| mamba-ucb | {' | '.join(f'{x:.2f}' for x in ratios)} | {sum(ratios) / len(ratios):.2f} | " \
            f"{min(ratios):.2f} | {sum(x < 0.95 for x in ratios)} |" in per_prompt
+    assert rows["ar"]["depth_reached"] is None and rows["hf-ar"]["depth_reached"] is None  # nothing drafted
+    tree = rows["mamba-tree:2,2"]["depth_reached"]
+    assert len(tree) == 2 and all(0 <= x <= 1 for x in tree) and tree[0] > 0
+    assert "Acceptance by depth" in table and f"| mamba-tree:2,2 | {tree[0]:.2f} | {tree[1]:.2f} |" in table
+
+
+def test_depth_reached_counts_each_depth_over_the_rounds_that_drafted_it():
+    # (depth drafted, drafted tokens accepted): a 3-deep round kept 2, another kept none, a 1-deep kept 1, one drafted
+    # nothing
+    assert depth_reached([(3, 2), (3, 0), (1, 1), (0, 0)]) == [2 / 3, 1 / 2, 0.0]
+    assert depth_reached([(0, 0)]) == []
 
 
 def test_aggregate_counts_and_compares_tokens():

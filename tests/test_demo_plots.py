@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import re
@@ -70,7 +71,7 @@ def test_running_rate_uses_round_time_only():
 def test_speed_chart_has_times_tokens_and_rate_per_round():
     chart = speed_chart(rounds())
     by_name = series(chart)
-    assert list(by_name) == ["draft ms", "verify ms", "accepted drafts", "target's token", "tokens/s"]
+    assert list(by_name) == ["draft ms", "verify ms", "accepted drafts", "target's token", "tokens/s", "depth reached"]
     draft, verify = [h for _, h in by_name["draft ms"]], [h for _, h in by_name["verify ms"]]
     assert draft[2] / draft[0] == pytest.approx(7.0 / 5.0, rel=0.02) and verify[0] == pytest.approx(verify[2])
     assert len(by_name["accepted drafts"]) == 2  # rounds 2 and 3 accepted a draft, round 1 none
@@ -145,3 +146,12 @@ def test_the_long_context_header_says_when_and_on_what_machine_it_was_recorded()
     assert recorded_header(result) == "Recorded 2026-12-03 on test (cpu), float32."
     assert recorded_header({"methods": {}}) == ("Recorded on an unrecorded date on a machine not recorded, "
                                                 "dtype not recorded.")
+
+
+def test_speed_chart_shows_acceptance_by_depth():
+    by_name = series(speed_chart(rounds()))  # rounds of shape (2,1): round 1 kept none, round 2 one, round 3 two
+    heights = [h for _, h in by_name["depth reached"]]
+    assert len(heights) == 2 and heights[0] > heights[1] > 0  # depth 1: 2 of 3 rounds, depth 2: 1 of 3
+    assert heights[0] / heights[1] == pytest.approx(2.0, rel=0.02)
+    alone = [dataclasses.replace(r, shape=[], accepted_len=0) for r in rounds()]  # the target alone drafts nothing
+    assert "depth reached" not in series(speed_chart(alone))
