@@ -494,7 +494,6 @@ def build_app(engine: Engine | None, prompts_dir: Path = ROOT / "assets" / "prom
     runs = recorded_runs(runs_dir)
     with gr.Blocks(title="Mamba drafters: speculative decoding", delete_cache=(1800, 3600)) as app:
         session = gr.State(None)  # this tab's `Session`, created by its first run or replay
-        gr.HTML(presenter.STYLE, padding=False)
         gr.Markdown(INTRO, elem_classes="sd-intro")
         with gr.Tabs(elem_id="page-tabs"):
             with gr.Tab("Demo", id="demo"):
@@ -541,6 +540,12 @@ def build_app(engine: Engine | None, prompts_dir: Path = ROOT / "assets" / "prom
         explainer_tab.select(explain, [round_slider, session], explainer, api_name=False, queue=False)
     app.queue(default_concurrency_limit=1, max_size=limits.queue_size)
     return app
+
+
+def page_look() -> dict:
+    """The page's style, its script run on load (the URL's view switches, the "next round" key) and theme: what
+    `launch` takes, so that the page built by `build_app` is launched with them."""
+    return dict(css=presenter.CSS, js=presenter.ON_LOAD, theme=gr.themes.Default(primary_hue="blue"))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -629,7 +634,7 @@ def main(argv: list[str] | None = None) -> None:
     worker, ready = EngineThread(), threading.Event()
     page = build_app(engine, replay_only=notice, worker=worker, ready=None if engine is None else ready)
     page.launch(server_name=args.host, server_port=args.port, show_error=True, footer_links=["api", "gradio"],
-                theme=gr.themes.Default(primary_hue="blue"), prevent_thread_lock=True)
+                prevent_thread_lock=True, **page_look())
     if engine is None:
         page.block_thread()
         return

@@ -1,8 +1,8 @@
 """Presenter view: a page style that puts the answer and the round's tree side by side on one screen, large type,
 and a keyboard key for "next round". Switched on by its checkbox or the URL (`?presenter`, `?large`).
 
-The view is a class on `<body>` (`sd-presenter`, `sd-large`) that the page's style block reads; the checkboxes'
-Python side collapses the settings and redraws the tree in the larger type.
+The view is a class on `<body>` (`sd-presenter`, `sd-large`) that the page's CSS (`CSS`, which `launch` takes)
+reads; the checkboxes' Python side collapses the settings and redraws the tree in the larger type.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from demo.views import tree_view
 
 NEXT_KEYS = ("n", "N", "ArrowRight", "PageDown")  # PageDown and → are what presentation clickers send
 
-STYLE = """<style>
+CSS = """
 .gradio-container > .main { padding-top: 0 !important; }
 .sd-intro h3 { margin: 4px 0 2px 0 !important; }
 #run-buttons button { white-space: nowrap; padding-left: 6px; padding-right: 6px; }
@@ -34,7 +34,7 @@ body.sd-large .sd-caption { font-size: 22px !important; }
 body.sd-large .sd-legend, body.sd-large .sd-legend-notes, body.sd-large .sd-status { font-size: 18px !important; }
 body.sd-presenter .sd-tree-scroll { max-height: none !important; }
 body.sd-presenter svg.sd-tree { width: min(100%, calc(var(--sd-w) * 1.6)); max-height: calc(100vh - 340px); }
-</style>"""
+"""
 
 # Runs once when the page loads: the URL's switches, and the "next round" key (outside text fields) pressing
 # whichever step button is on screen (the replay's when the Replay tab is open, else the live one).
@@ -79,7 +79,8 @@ def view_toggles() -> tuple[gr.Checkbox, gr.Checkbox]:
 
 def wire_view(app: gr.Blocks, presenter: gr.Checkbox, large: gr.Checkbox, collapsible: list[gr.Accordion],
               session: gr.State, tree: gr.HTML, round_slider: gr.Slider) -> None:
-    """Presenter view collapses `collapsible`; large type redraws the tree bigger; the page load reads the URL."""
+    """Presenter view collapses `collapsible`; large type redraws the tree bigger (the URL is read by `ON_LOAD`,
+    which the page is launched with)."""
 
     def present(on: bool) -> list:
         return [gr.Accordion(open=not on) for _ in collapsible]
@@ -92,5 +93,4 @@ def wire_view(app: gr.Blocks, presenter: gr.Checkbox, large: gr.Checkbox, collap
     presenter.change(present, presenter, collapsible, js=body_class("sd-presenter"), queue=False, api_name=False)
     large.change(enlarge, [large, round_slider, session], [tree, session], js=body_class_first("sd-large"),
                  queue=False, api_name=False)
-    app.load(None, None, None, js=ON_LOAD)
 

@@ -34,10 +34,11 @@ def close_blocks(blocks) -> None:
 
 
 @contextmanager
-def served(blocks) -> Iterator[str]:
-    """Yield the URL of `blocks` (a `gr.Blocks`) launched in this process on a free port; always close it."""
+def served(blocks, **launch) -> Iterator[str]:
+    """Yield the URL of `blocks` (a `gr.Blocks`) launched in this process on a free port (`launch`: more of
+    `launch`'s options, e.g. the page's look); always close it."""
     port = free_port()
-    blocks.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    blocks.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch)
     try:
         yield f"http://127.0.0.1:{port}/"
     finally:

@@ -105,7 +105,7 @@ def test_the_next_round_key_and_url_switches_are_in_the_page_script():
         assert f"'{key}'" in presenter.ON_LOAD
     assert "replay-step-btn" in presenter.ON_LOAD and "step-btn" in presenter.ON_LOAD
     assert "presenter-toggle" in presenter.ON_LOAD and "large-type" in presenter.ON_LOAD
-    assert "body.sd-presenter #conversation" in presenter.STYLE and "body.sd-large" in presenter.STYLE
+    assert "body.sd-presenter #conversation" in presenter.CSS and "body.sd-large" in presenter.CSS
 
 
 def test_replay_only_page_has_no_model_endpoints(tmp_path):

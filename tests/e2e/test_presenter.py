@@ -27,7 +27,7 @@ SUMMARY_RUN = "Summary with the lookup branch (greedy)"
 @pytest.fixture(scope="module")
 def live_url():
     """The full app in-process, `demo.fake` standing in for the engine."""
-    with served(app.build_app(fake_engine(delay=0.005))) as url:
+    with served(app.build_app(fake_engine(delay=0.005)), **app.page_look()) as url:
         yield url
 
 
