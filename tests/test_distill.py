@@ -564,3 +564,28 @@ def test_the_teacher_runs_in_bf16_only_where_the_cpu_multiplies_it_natively(monk
     args = cli.parser().parse_args(["teacher"])
     assert cli._target(args, args.teacher_dtype) is expected
     assert feat.bf16_is_fast(torch.device("cpu")) is native
+
+
+def test_system_documentation_becomes_prompts_with_held_out_sources(tmp_path, monkeypatch):
+    """The `system` domain: manual pages rendered to text and packages' READMEs, never their copyright files; eval
+    prompts from held-out sources only."""
+    import shutil
+
+    prose = " ".join(f"The tool reads its input line by line and writes what it found, step {i}." for i in range(40))
+    (tmp_path / "man" / "man1").mkdir(parents=True)
+    (tmp_path / "man" / "man1" / "frob.1").write_text(f".TH FROB 1\n.SH NAME\nfrob \\- frobs files\n"
+                                                      f".SH DESCRIPTION\n{prose}\n")
+    for package in ("alpha", "beta"):
+        (tmp_path / "doc" / package).mkdir(parents=True)
+        (tmp_path / "doc" / package / "README").write_text(f"{package}\n\n{prose}\n")
+        (tmp_path / "doc" / package / "copyright").write_text("Licensed under the terms of a licence. " * 40)
+    docs = dict(corpus.system_documents(man_pages=10, root=tmp_path))
+    assert {"doc:alpha/README", "doc:beta/README"} <= set(docs) and not any("copyright" in k for k in docs)
+    if shutil.which("man"):  # the machines this project runs on have man-db
+        assert "frobs files" in docs["man:frob.1"] and ".TH" not in docs["man:frob.1"]
+    monkeypatch.setattr(corpus, "system_documents", lambda man_pages: list(docs.items()))
+    monkeypatch.setattr(corpus, "held_out", lambda key, every=8: key == "doc:beta/README")
+    prompts = corpus.system_prompts(4, 2)
+    assert [p.split for p in prompts] == ["eval"] * 2 + ["train"] * 4
+    assert all(p.domain == corpus.SYSTEM_DOMAIN and "step" in p.text for p in prompts)
+    assert all(p.text.startswith(tuple(t.split("{text}")[0] for t in corpus.SYSTEM_TEMPLATES)) for p in prompts)

@@ -34,7 +34,7 @@ def stage_corpus(args: argparse.Namespace) -> None:
     from specdec.distill.corpus import write_corpus
 
     folder = write_corpus(args.data, args.prompts_per_domain, args.eval_per_domain, args.text_chars, args.seed,
-                          args.parts, args.long_prompts, args.long_eval)
+                          args.parts, args.long_prompts, args.long_eval, args.system_prompts, args.system_eval)
     print(f"corpus in {folder}")
 
 
@@ -164,6 +164,10 @@ def parser() -> argparse.ArgumentParser:
     corpus.add_argument("--long-prompts", type=int, default=0,
                         help="training prompts over passages of long documents (domain `long`) in a new corpus")
     corpus.add_argument("--long-eval", type=int, default=0, help="held-out prompts of the `long` domain")
+    corpus.add_argument("--system-prompts", type=int, default=0,
+                        help="training prompts over the machine's own documentation (manual pages, READMEs): "
+                             "the `system` domain")
+    corpus.add_argument("--system-eval", type=int, default=0, help="held-out prompts of the `system` domain")
     corpus.add_argument("--parts", type=int, default=1,
                         help="append training-prompt parts until there are this many (part 0: the first corpus; each "
                              "later part: --prompts-per-domain new prompts; existing prompts never change)")

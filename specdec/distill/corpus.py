@@ -385,8 +385,99 @@ def long_prompts(train: int, evals: int, seed: int = 0) -> list[Prompt]:
     return prompts
 
 
+SYSTEM_DOMAIN = "system"  # prompts over the system's own documentation (`corpus --system-prompts`)
+SYSTEM_CHARS = (400, 1_600)  # a system prompt's passage, drawn uniformly in characters
+SYSTEM_TEMPLATES = [
+    "Explain what the following documentation describes and when someone would use it:\n\n{text}",
+    "Summarise this documentation in three sentences:\n\n{text}",
+    "What are the most important points in the following text? List them briefly.\n\n{text}",
+    "Continue this documentation with the next paragraph:\n\n{text}",
+    "Explain the following to someone who has never used a terminal:\n\n{text}",
+]
+MAN_PAGES = 400  # manual pages rendered for the corpus: a stable sample, at most MAN_FAMILY of one command family
+MAN_FAMILY = 2  # e.g. the hundreds of `gcloud_*` pages of a cloud SDK count as one family
+DOC_NAMES = ("README", "NEWS", "TODO", "FAQ", "USAGE")  # /usr/share/doc files taken as prose (not copyright files)
+
+
+def _man_text(path: Path) -> str:
+    """A manual page as plain text (`man -l`, 80 columns, no formatting); "" where it does not render."""
+    import subprocess
+
+    env = {**os.environ, "MANWIDTH": "80", "MAN_KEEP_FORMATTING": "", "LC_ALL": "C.UTF-8"}
+    try:
+        done = subprocess.run(["man", "--nh", "--nj", "-P", "cat", "-l", str(path)], capture_output=True, env=env,
+                              timeout=20,
+                              text=True, errors="replace")
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout if done.returncode == 0 else ""
+
+
+def _doc_text(path: Path) -> str:
+    import gzip
+
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    except (OSError, EOFError, gzip.BadGzipFile):
+        return ""
+    return raw.decode("utf-8", errors="replace")
+
+
+def system_documents(man_pages: int = MAN_PAGES, root: Path = Path("/usr/share")) -> list[tuple[str, str]]:
+    """(source key, text) of the system's own prose: a stable sample of `man_pages` English manual pages (section
+    1, 5 and 8: commands, file formats, administration) and the packages' READMEs and NEWS under `doc/`. Licence
+    and copyright texts are not taken (they stay held out)."""
+    families: dict[str, list[Path]] = {}
+    for section in ("man1", "man5", "man8"):
+        for page in sorted((root / "man" / section).glob("*")):
+            family = families.setdefault(page.name.split(".")[0].split("_")[0].split("-")[0], [])
+            if page.is_file() and len(family) < MAN_FAMILY:
+                family.append(page)
+    pages = sorted(p for family in families.values() for p in family)
+    step = max(1, len(pages) // man_pages) if man_pages else 0
+    docs = [(f"man:{p.name}", _man_text(p)) for p in (pages[::step][:man_pages] if step else [])]
+    for path in sorted((root / "doc").glob("*/*")):
+        name = path.name.upper()
+        if path.is_file() and name.startswith(DOC_NAMES) and "COPYING" not in name and "LICEN" not in name:
+            docs.append((f"doc:{path.parent.name}/{path.name}", _doc_text(path)))
+    return [(key, text.strip()) for key, text in docs if len(text.strip()) >= SYSTEM_CHARS[0]]
+
+
+def _system_prompt(rng: random.Random, docs: list[tuple[str, str]]) -> str:
+    """A template around a passage of a system document: whole lines from the start of a random paragraph, about a
+    length drawn from `SYSTEM_CHARS`."""
+    lines = rng.choice(docs)[1].splitlines()
+    starts = [i for i, line in enumerate(lines) if line.strip() and (i == 0 or not lines[i - 1].strip())]
+    start, target, passage = rng.choice(starts), rng.randint(*SYSTEM_CHARS), ""  # a paragraph's first line
+    for line in lines[start:]:
+        if len(passage) >= target:
+            break
+        passage += line.rstrip() + "\n"
+    if len(passage.strip()) < SYSTEM_CHARS[0]:  # too near the end: the document's end instead
+        passage = "\n".join(lines)[-target:]
+    return rng.choice(SYSTEM_TEMPLATES).format(text=passage.strip())
+
+
+def system_prompts(train: int, evals: int, seed: int = 0, man_pages: int = MAN_PAGES) -> list[Prompt]:
+    """`train` and `evals` prompts over the system's documentation (`SYSTEM_DOMAIN`); eval prompts come from
+    held-out documents."""
+    if not train and not evals:
+        return []
+    rng = random.Random(seed + 3)
+    found = system_documents(man_pages)
+    docs = {split: [(k, t) for k, t in found if held_out(k) == (split == "eval")] for split in ("train", "eval")}
+    prompts = []
+    for split, n in (("eval", evals), ("train", train)):
+        if n and not docs[split]:
+            raise ValueError(f"no system documentation for the {split} split on this machine")
+        texts = _unique(lambda: _system_prompt(rng, docs[split]), n)
+        prompts += [Prompt(f"{SYSTEM_DOMAIN}-{split}-{i:05d}", SYSTEM_DOMAIN, split, t) for i, t in enumerate(texts)]
+    return prompts
+
+
 def write_corpus(out: Path, per_domain: int, eval_per_domain: int, text_chars: int, seed: int = 0,
-                 parts: int = 1, long_train: int = 0, long_eval: int = 0) -> Path:
+                 parts: int = 1, long_train: int = 0, long_eval: int = 0, system_train: int = 0,
+                 system_eval: int = 0) -> Path:
     """Write `prompts.jsonl` and `text.jsonl` under `out/corpus/` (skipped when already there), then append
     training-prompt parts 1 .. `parts` - 1 that are missing (`more_prompts`, `per_domain` each): the prompts already
     written, and so the answer shards already generated from them, never change. `long_train` and `long_eval`
@@ -395,14 +486,15 @@ def write_corpus(out: Path, per_domain: int, eval_per_domain: int, text_chars: i
     done = folder / "done.json"
     if not done.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        _write_prompts(folder, build_prompts(per_domain, eval_per_domain, seed) + long_prompts(long_train, long_eval,
-                                                                                             seed))
+        _write_prompts(folder, build_prompts(per_domain, eval_per_domain, seed)
+                       + long_prompts(long_train, long_eval, seed) + system_prompts(system_train, system_eval, seed))
         with open(folder / "text.jsonl", "w") as f:
             for doc in build_text_documents(text_chars, seed):
                 f.write(json.dumps(doc) + "\n")
         done.write_text(json.dumps({"prompts": len(read_prompts(folder)), "per_domain": per_domain,
                                     "eval_per_domain": eval_per_domain, "text_chars": text_chars, "seed": seed,
-                                    "long_prompts": long_train, "long_eval": long_eval}))
+                                    "long_prompts": long_train, "long_eval": long_eval,
+                                    "system_prompts": system_train, "system_eval": system_eval}))
     prompts = read_prompts(folder)
     for part in range(max(p.part for p in prompts) + 1, parts):
         prompts += more_prompts(prompts, per_domain, part, json.loads(done.read_text())["seed"])
