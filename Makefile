@@ -9,7 +9,7 @@ HOST ?= 127.0.0.1
 PORT ?= 7860
 SPACE_CACHE ?= /var/tmp/specdec-space
 
-.PHONY: demo test clean space-image space-smoke gpu-check
+.PHONY: demo test test-fast clean space-image space-smoke gpu-check
 
 $(VENV)/.runtime: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,9 @@ demo: $(VENV)/.runtime
 test: $(VENV)/.test
 	sh scripts/ensure_chromium.sh  # Debian's chromium for the browser test (tests/e2e)
 	HF_HUB_OFFLINE=1 SPECDEC_REQUIRE_BROWSER=1 $(PY) -m pytest -q --durations=12
+
+test-fast: $(VENV)/.test  # the tiny models only: no real model, no app process, no browser
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not full" --durations=5
 
 space-image: $(VENV)/.runtime
 	SPACE_CACHE=$(SPACE_CACHE) PY=$(PY) sh scripts/space_image.sh

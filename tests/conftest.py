@@ -51,6 +51,22 @@ def smollm2() -> Models:
     return models
 
 
+# Modules that start an app process, use the real models throughout, run the GPU check's CPU dry run on real shapes
+# or read the Space's files
+FULL_MODULES = {"test_cancel", "test_concurrency", "test_smollm2", "test_gpu_check", "test_space"}
+FULL_TESTS = {"test_local_models_load_without_any_network_access"}  # a process that loads the real models
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """Mark `full` what needs the real models, an app process or a browser: `make test-fast` leaves it out, and
+    `make test` (the whole suite, what CI runs) keeps it."""
+    for item in items:
+        module = item.path.stem
+        if ("e2e" in item.path.parts or "smollm2" in item.fixturenames or module in FULL_MODULES
+                or item.name.startswith("test_real_") or item.originalname in FULL_TESTS):
+            item.add_marker(pytest.mark.full)
+
+
 @pytest.fixture(autouse=True)
 def _deterministic():
     torch.manual_seed(0)
