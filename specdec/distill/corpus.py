@@ -369,20 +369,25 @@ def _long_prompt(rng: random.Random, docs: list[tuple[str, str]]) -> str:
     return rng.choice(LONG_TEMPLATES).format(text=passage.strip())
 
 
+def document_prompts(domain: str, found: list[tuple[str, str]], make: Callable[[random.Random, list], str],
+                     train: int, evals: int, rng: random.Random) -> list[Prompt]:
+    """`train` and `evals` prompts of `domain`, each `make(rng, documents)` over documents of its split: eval
+    prompts come from held-out documents of `found` ((source key, text) pairs), training prompts from the rest."""
+    docs = {split: [(k, t) for k, t in found if held_out(k) == (split == "eval")] for split in ("train", "eval")}
+    prompts = []
+    for split, n in (("eval", evals), ("train", train)):
+        if n and not docs[split]:
+            raise ValueError(f"no documents of the {domain} domain for the {split} split on this machine")
+        texts = _unique(lambda: make(rng, docs[split]), n)
+        prompts += [Prompt(f"{domain}-{split}-{i:05d}", domain, split, t) for i, t in enumerate(texts)]
+    return prompts
+
+
 def long_prompts(train: int, evals: int, seed: int = 0) -> list[Prompt]:
     """`train` and `evals` prompts over long passages (`LONG_DOMAIN`); eval prompts come from held-out documents."""
     if not train and not evals:
         return []
-    rng = random.Random(seed + 2)
-    docs = {split: [(k, t) for k, t in long_documents() if held_out(k) == (split == "eval")]
-            for split in ("train", "eval")}
-    prompts = []
-    for split, n in (("eval", evals), ("train", train)):
-        if n and not docs[split]:
-            raise ValueError(f"no long documents for the {split} split on this system")
-        texts = _unique(lambda: _long_prompt(rng, docs[split]), n)
-        prompts += [Prompt(f"{LONG_DOMAIN}-{split}-{i:05d}", LONG_DOMAIN, split, t) for i, t in enumerate(texts)]
-    return prompts
+    return document_prompts(LONG_DOMAIN, list(long_documents()), _long_prompt, train, evals, random.Random(seed + 2))
 
 
 SYSTEM_DOMAIN = "system"  # prompts over the system's own documentation (`corpus --system-prompts`)
@@ -463,16 +468,8 @@ def system_prompts(train: int, evals: int, seed: int = 0, man_pages: int = MAN_P
     held-out documents."""
     if not train and not evals:
         return []
-    rng = random.Random(seed + 3)
-    found = system_documents(man_pages)
-    docs = {split: [(k, t) for k, t in found if held_out(k) == (split == "eval")] for split in ("train", "eval")}
-    prompts = []
-    for split, n in (("eval", evals), ("train", train)):
-        if n and not docs[split]:
-            raise ValueError(f"no system documentation for the {split} split on this machine")
-        texts = _unique(lambda: _system_prompt(rng, docs[split]), n)
-        prompts += [Prompt(f"{SYSTEM_DOMAIN}-{split}-{i:05d}", SYSTEM_DOMAIN, split, t) for i, t in enumerate(texts)]
-    return prompts
+    return document_prompts(SYSTEM_DOMAIN, system_documents(man_pages), _system_prompt, train, evals,
+                            random.Random(seed + 3))
 
 
 def write_corpus(out: Path, per_domain: int, eval_per_domain: int, text_chars: int, seed: int = 0,
