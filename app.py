@@ -504,8 +504,8 @@ def build_app(engine: Engine | None, prompts_dir: Path = ROOT / "assets" / "prom
                                 examples = load_prompts(prompts_dir)
                                 if long := long_documents(limits.max_prompt_chars):
                                     examples[LONG_DOCUMENT] = long
-                                live = live_panel(examples)
                                 models_state(ready)
+                                live = live_panel(examples)
                             with gr.Tab("Replay", id="replay", elem_id="replay-tab"):
                                 replay = replay_panel(runs, replay_only)
                         toggles = presenter.view_toggles()

@@ -19,7 +19,8 @@ CSS = """
 .sd-intro h3 { margin: 4px 0 2px 0 !important; }
 #run-buttons button { white-space: nowrap; padding-left: 6px; padding-right: 6px; }
 #example-list { max-height: 232px; overflow-y: auto; }
-#example-list label { width: 100%; font-size: 14px; }
+#example-list label { width: 100%; font-size: 14px; padding: 4px 8px !important; line-height: 1.3; }
+#example-kind label { padding: 3px 8px !important; }
 #verdict:empty, #verdict .prose:empty { display: none; }
 body.sd-presenter .sd-intro, body.sd-presenter #method-info { display: none; }
 body.sd-presenter .gradio-container > .main { max-width: none !important; padding: 0 12px !important; }
