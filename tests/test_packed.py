@@ -12,8 +12,10 @@ from specdec.models import load_model, packed_min_rows, row_invariant
 import specdec.packed as packed_module
 from specdec.packed import SMALL_WEIGHTS, PackedLinear, pack_linears, packing_available, probe_min_rows
 
-pytestmark = pytest.mark.skipif(not packing_available(torch.bfloat16) or not packing_available(torch.float32),
-                                reason="no oneDNN packed linear on this CPU/build")
+# Each test skips only for the dtypes it packs: a CPU without bf16 packing (AVX2) still runs the float32 ones.
+F32 = pytest.mark.skipif(not packing_available(torch.float32), reason="no oneDNN packed float32 linear here")
+BF16 = pytest.mark.skipif(not packing_available(torch.bfloat16), reason="no oneDNN packed bfloat16 linear here")
+DTYPES = [pytest.param(torch.float32, marks=F32, id="float32"), pytest.param(torch.bfloat16, marks=BF16, id="bf16")]
 TOLERANCE = {torch.bfloat16: 0.05, torch.float32: 1e-4}  # rounding of outputs of size ~1
 
 
@@ -22,7 +24,7 @@ def _linear(out_features: int, in_features: int, bias: bool, dtype: torch.dtype 
     return nn.Linear(in_features, out_features, bias=bias).to(dtype).requires_grad_(False)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("in_features", [576, 1536])  # 1536: a lone float32 row takes another kernel on AVX-512
 @pytest.mark.parametrize("bias", [False, True])
 def test_packed_agrees_with_f_linear_and_is_row_invariant(bias, in_features, dtype):
@@ -41,6 +43,7 @@ def test_packed_agrees_with_f_linear_and_is_row_invariant(bias, in_features, dty
     assert MAX_INVARIANT_ROWS == 32
 
 
+@F32
 def test_a_padded_single_row_is_the_row_of_a_larger_block():
     """`min_rows=2` computes a lone row inside a two-row call: its bits are those of any larger block's row, and
     the shapes of the input come back (a batch of one, a flat vector of rows)."""
@@ -52,6 +55,7 @@ def test_a_padded_single_row_is_the_row_of_a_larger_block():
     assert torch.equal(packed(x[3]), block[3])  # [in] -> [out]
 
 
+@F32
 def test_the_probe_finds_the_fewest_rows_that_are_invariant(monkeypatch):
     """Against a stand-in kernel whose lone row is computed differently (as float32 on AVX-512 is), the probe
     answers 2; against one that changes every row with the count, None; the real kernel's answer is kept."""
@@ -77,6 +81,8 @@ def test_the_probe_finds_the_fewest_rows_that_are_invariant(monkeypatch):
     assert probe_min_rows(torch.float32) == cpu_kernels()["min_rows"]["float32"]  # what this machine kept
 
 
+@F32
+@BF16
 def test_packing_follows_the_weight_and_survives_copies():
     linear = _linear(64, 32, bias=False)
     packed = PackedLinear(linear)
@@ -95,6 +101,7 @@ def test_packing_follows_the_weight_and_survives_copies():
     assert as_float.packed_dtype == torch.float32
 
 
+@BF16
 def test_pack_linears_keeps_tied_weights_and_autograd():
     model = nn.Sequential(nn.Embedding(10, 16), nn.Linear(16, 16), nn.Linear(16, 10, bias=False)).bfloat16()
     model[2].weight = model[0].weight  # a tied output layer
@@ -105,6 +112,7 @@ def test_pack_linears_keeps_tied_weights_and_autograd():
     assert model[1].weight.grad is not None
 
 
+@F32
 def test_a_drafter_keeps_its_small_linears_plain():
     """A model that is not verified packs only its large linears; a verified one packs all of them."""
     model = nn.Sequential(nn.Linear(1024, 256), nn.Linear(1024, 257, bias=False))
@@ -118,6 +126,7 @@ def test_a_drafter_keeps_its_small_linears_plain():
     assert all(isinstance(verified.get_submodule(name), PackedLinear) for name in small)
 
 
+@F32
 def test_a_weight_cast_to_a_dtype_this_cpu_cannot_pack_runs_unpacked(monkeypatch):
     """A float32 model packed, then cast to bf16 on a CPU whose oneDNN has no bf16 reorder (AVX2): plain F.linear."""
     linear = nn.Linear(16, 8)
@@ -129,7 +138,7 @@ def test_a_weight_cast_to_a_dtype_this_cpu_cannot_pack_runs_unpacked(monkeypatch
         assert torch.equal(packed(x), F.linear(x, packed.weight, packed.bias)) and packed.packed is None
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_a_draft_head_cut_from_an_embedding_is_multiplied_packed(dtype):
     """`head_linear` (a drafter's reduced head: rows of a tied embedding, no `nn.Linear` of its own) computes
     x @ W.T with the weight packed once, sharing the weight; a head on another device runs `F.linear`."""
