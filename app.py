@@ -257,7 +257,7 @@ class Live:
 
     def opening(self, prompt: str, settings: dict, session: Session, progress) -> Iterator[dict]:
         """Show the fresh run at once, then validate and load: `config, models = yield from opening(...)`."""
-        self.worker.submit(session.close_stepper)  # a paused step run is closed where it ran
+        self.close_stepper(session)
         session.start(prompt, settings)
         yield {**self.views(session, live=True), self.comparison: gr.HTML(visible=False),
                self.export: gr.DownloadButton(interactive=False)}
@@ -327,40 +327,44 @@ class Live:
             return
         yield {**self.views(session, live=False, status=STEP_STATUS), self.export: gr.DownloadButton(interactive=False)}
 
+    def events(self, prompt: str, settings: dict, stop: threading.Event) -> Iterator:
+        """Load, then decode on the engine thread: the run's events as they are made. Counted open from the start
+        (a cancel during the models' load leaves it open until the load ends); a consumer that leaves early stops
+        the run at its next round."""
+        with self.runs:
+            config, models = self.setup(settings, lambda fraction, desc=None: None)
+            try:
+                for batch in self.worker.frames(self.engine.generate(models, prompt, config, stop, {}), stop,
+                                                interval=0):
+                    yield from batch
+            except ValueError as err:
+                raise refused(sentence(err)) from err
+
     def answer(self, prompt: str, settings: dict, stop: threading.Event) -> dict:
-        """Load, decode to the end (or to `stop`) and return `plain_answer`; runs on the engine thread, counted
-        open from the start (a cancel during the models' load leaves it open until the load ends)."""
-
-        def decode() -> dict:
-            with self.runs:
-                config, models = self.setup(settings, lambda fraction, desc=None: None)
-                summary = None
-                try:
-                    for event in self.engine.generate(models, prompt, config, stop, {}):
-                        summary = event if isinstance(event, Summary) else summary
-                except ValueError as err:
-                    raise refused(sentence(err)) from err
-            return plain_answer(summary)
-
-        return self.worker.call(decode)
+        """Decode to the end (or to `stop`) and return `plain_answer`."""
+        summary = None
+        for event in self.events(prompt, settings, stop):
+            summary = event if isinstance(event, Summary) else summary
+        return plain_answer(summary)
 
     def records(self, prompt: str, settings: dict) -> Iterator[dict]:
-        """Decode on the engine thread, yielding each round's record as JSON as soon as it is made, then the
-        summary: `{"round": ...}`, ..., `{"summary": ...}`. A consumer that leaves stops the run at its next round."""
-        stop = threading.Event()
-        config, models = self.setup(settings, lambda fraction, desc=None: None)
-        try:
-            for batch in self.worker.frames(self.generate(models, prompt, config, stop, {}), stop, interval=0):
-                for event in batch:
-                    yield {"summary" if isinstance(event, Summary) else "round": event.to_dict()}
-        except ValueError as err:
-            raise refused(sentence(err)) from err
+        """The run as JSON, each round's record as soon as it is made, then the summary: `{"round": ...}`, ...,
+        `{"summary": ...}`."""
+        for event in self.events(prompt, settings, threading.Event()):
+            yield {"summary" if isinstance(event, Summary) else "round": event.to_dict()}
+
+    def close_stepper(self, session: Session) -> None:
+        """Close the session's paused step run on the engine thread, where it runs; the session forgets it now, so
+        a step run started after this is not the one closed."""
+        stepper, session.stepper = session.stepper, None
+        if stepper is not None:
+            self.worker.submit(stepper.close)
 
     def close(self, session: Session | None) -> None:
         """The tab closed: its paused step run (and the target's cache it holds) is freed on the engine thread."""
         if session is not None:
             session.stop.set()
-            self.worker.submit(session.close_stepper)
+            self.close_stepper(session)
 
 
 def stop_run(session: Session | None) -> None:
