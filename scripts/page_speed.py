@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 from gradio_client import Client  # noqa: E402
 
 from specdec.bench import machine_description  # noqa: E402
+from specdec.records import Summary  # noqa: E402
 from tests.app_process import app_process  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
@@ -41,9 +42,8 @@ SIZES = {"1440x900": (1440, 900), "1280x720": (1280, 720)}
 
 
 def engine_rate(summary: dict) -> float:
-    """Tokens over the engine's own seconds, from a summary as the export and `complete` give it."""
-    seconds = (summary["prefill_ms"] + summary.get("drafter_start_ms", 0.0)) / 1e3 + summary["seconds"]
-    return summary["new_tokens"] / seconds
+    """Tokens over the engine's own seconds, from a summary as the export gives it."""
+    return Summary(**summary).engine_tokens_per_s
 
 
 def export_of(value) -> dict:
