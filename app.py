@@ -19,7 +19,7 @@ import re
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -152,33 +152,37 @@ def whole(name: str, value) -> int:
     return int(number)
 
 
-def settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup,
-                min_branch_q=DEFAULTS["min_branch_q"], min_expand_q=DEFAULTS["min_expand_q"],
-                limits: Limits = Limits()) -> dict:
-    """The engine's keyword settings from the page's values, as types: ranges are `GenerationConfig.validate`'s to
-    check (once, when the run is set up); only this deployment's cap on new tokens is checked here."""
-    tokens = whole("max_new_tokens", max_new_tokens)
+def settings_of(values: Mapping[str, object], limits: Limits = Limits()) -> dict:
+    """The engine's keyword settings from the page's values by name (`SETTINGS`; a missing one takes its `DEFAULTS`
+    value), as types: ranges are `GenerationConfig.validate`'s to check (once, when the run is set up); only this
+    deployment's cap on new tokens is checked here."""
+    if unknown := sorted(set(values) - set(SETTINGS)):
+        raise refused(f"Unknown settings {', '.join(unknown)}; the settings are {', '.join(SETTINGS)}.")
+    v = {**DEFAULTS, **values}
+    tokens = whole("max_new_tokens", v["max_new_tokens"])
     if tokens > limits.max_new_tokens:
         raise refused(f"Invalid settings: at most {limits.max_new_tokens} new tokens per request here, got {tokens}.")
-    return dict(method=method, tree=(tree or "").strip() or None, arms=(arms or "").strip() or None,
-                temperature=finite("temperature", temperature), max_new_tokens=tokens,
-                seed=whole("the seed", 0 if seed is None else seed),
-                lambda_ucb=finite("lambda_ucb", lambda_ucb), reward=reward,
-                lookup_branch=LOOKUP_BRANCH if lookup else 0, min_branch_q=finite("min_branch_q", min_branch_q),
-                min_expand_q=finite("min_expand_q", min_expand_q))
+    return dict(method=v["method"], tree=(v["tree"] or "").strip() or None, arms=(v["arms"] or "").strip() or None,
+                temperature=finite("temperature", v["temperature"]), max_new_tokens=tokens,
+                seed=whole("the seed", 0 if v["seed"] is None else v["seed"]),
+                lambda_ucb=finite("lambda_ucb", v["lambda_ucb"]), reward=v["reward"],
+                lookup_branch=LOOKUP_BRANCH if v["lookup"] else 0,
+                min_branch_q=finite("min_branch_q", v["min_branch_q"]),
+                min_expand_q=finite("min_expand_q", v["min_expand_q"]))
 
 
-def page_handler(handler, limits: Limits):
-    """`handler(prompt, settings, session, progress)` as a Gradio handler of the page's inputs: the prompt, the
-    `SETTINGS` and the session."""
+def page_handler(handler, panel: dict, session: gr.State, limits: Limits):
+    """`handler(prompt, settings, session, progress)` as a Gradio handler of the page's inputs, which Gradio hands
+    over as one dict by component: the prompt, the settings (`panel`'s components named by `SETTINGS`) and the tab's
+    session. Returns the handler and its inputs."""
+    names = {panel[name]: name for name in SETTINGS}
 
-    def on_page(prompt, method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup,
-                min_branch_q, min_expand_q, session, progress=gr.Progress()):
-        settings = settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup,
-                               min_branch_q, min_expand_q, limits)
-        yield from handler(checked_prompt(prompt, limits), settings, session or Session(), progress)
+    def on_page(values: dict, progress=gr.Progress()):
+        settings = settings_of({names[c]: value for c, value in values.items() if c in names}, limits)
+        yield from handler(checked_prompt(values[panel["prompt"]], limits), settings, values[session] or Session(),
+                           progress)
 
-    return on_page
+    return on_page, {panel["prompt"], session, *names}
 
 
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # control characters other than tab and newline
@@ -386,25 +390,24 @@ def refused(message: str) -> gr.Error:
 
 
 def wire_buttons(live: Live, panel: dict, limits: Limits) -> None:
-    """Generate (the button and Enter in the prompt), Step, Compare and Stop: one model run at a time. Stop is
-    enabled while one of them runs."""
-    inputs = [panel["prompt"]] + [panel[name] for name in SETTINGS] + [live.session]
-    model_work = dict(concurrency_limit=1, concurrency_id="model", show_progress="minimal",
+    """Generate (the button and Enter in the prompt), Step, Compare and Stop: one model run at a time, page events
+    only (the API is `wire_api`'s). Stop is enabled while one of them runs."""
+    model_work = dict(concurrency_limit=1, concurrency_id="model", show_progress="minimal", api_visibility="private",
                       show_progress_on=live.stage.conversation)  # one indicator, where the answer appears
-    run, step, compare = (page_handler(handler, limits) for handler in (live.run, live.step, live.compare))
     stop = panel["stop"]
-    for triggers, handler, name in (([panel["run"].click, panel["prompt"].submit], run, "generate"),
-                                    ([panel["step"].click], step, "step"), ([panel["compare"].click], compare,
-                                                                            "compare")):
+    for triggers, handler, name in (([panel["run"].click, panel["prompt"].submit], live.run, "generate"),
+                                    ([panel["step"].click], live.step, "step"),
+                                    ([panel["compare"].click], live.compare, "compare")):
+        on_page, inputs = page_handler(handler, panel, live.session, limits)
         gr.on(triggers, lambda: gr.Button(interactive=True), None, stop, queue=False, api_visibility="private") \
-            .then(handler, inputs, live.outputs, api_name=name, **model_work) \
+            .then(on_page, inputs, live.outputs, api_name=name, **model_work) \
             .then(lambda: gr.Button(interactive=False), None, stop, queue=False, api_visibility="private")
-    stop.click(stop_run, live.session, None, api_name="stop", queue=False)
+    stop.click(stop_run, live.session, None, api_name="stop", queue=False, api_visibility="private")
 
 
 def wire_api(live: Live, limits: Limits) -> None:
-    """The API: `complete` (the answer as JSON), `rounds` (the run's round records streamed as JSON) and `status`
-    (the page's own events stream its HTML)."""
+    """The API: `complete` (the answer as JSON), `rounds` (the run's round records streamed as JSON) and `status`.
+    The page's own events are not part of it."""
 
     async def complete(prompt: str, method: str = DEFAULTS["method"], temperature: float = DEFAULTS["temperature"],
                        max_new_tokens: int = DEFAULTS["max_new_tokens"], seed: int = DEFAULTS["seed"],
@@ -413,8 +416,8 @@ def wire_api(live: Live, limits: Limits) -> None:
                        lookup: bool = DEFAULTS["lookup"], min_branch_q: float = DEFAULTS["min_branch_q"],
                        min_expand_q: float = DEFAULTS["min_expand_q"]) -> dict:
         """Decode `prompt` to the end and return the answer as JSON: text, token ids and the run's figures."""
-        settings = settings_of(method, temperature, max_new_tokens, seed, tree, arms, lambda_ucb, reward, lookup,
-                               min_branch_q, min_expand_q, limits)
+        given = dict(locals())  # the prompt and the settings, by name
+        settings = settings_of({name: value for name, value in given.items() if name in SETTINGS}, limits)
         stop = threading.Event()
         worker = asyncio.ensure_future(asyncio.to_thread(live.answer, checked_prompt(prompt, limits), settings, stop))
         try:
@@ -426,13 +429,9 @@ def wire_api(live: Live, limits: Limits) -> None:
 
     def rounds(prompt: str, settings: dict | None = None) -> Iterator[dict]:
         """Decode `prompt` and stream the run as JSON: each round's record (`{"round": ...}`: its tree, the tokens
-        it emitted, its timings and the bandit) as it is made, then `{"summary": ...}`. `settings`: the names and
-        defaults of `complete`'s parameters."""
-        unknown = sorted(set(settings or {}) - set(SETTINGS))
-        if unknown:
-            raise refused(f"Unknown settings {', '.join(unknown)}; the settings are {', '.join(SETTINGS)}.")
-        values = {**DEFAULTS, **(settings or {})}
-        yield from live.records(checked_prompt(prompt, limits), settings_of(**values, limits=limits))
+        it emitted, its timings and the bandit) as it is made, then `{"summary": ...}`. `settings`: any of
+        `complete`'s keyword parameters by name; the others keep their defaults."""
+        yield from live.records(checked_prompt(prompt, limits), settings_of(settings or {}, limits))
 
     def status() -> dict:
         """Engine runs open in this process: 0 when idle; a cancelled or stopped run closes within one round."""

@@ -16,7 +16,7 @@ DEFAULTS = dict(method=GenerationConfig.method, temperature=GenerationConfig.tem
                 seed=GenerationConfig.seed, tree=None, arms=None, lambda_ucb=LAMBDA_UCB[GenerationConfig.reward],
                 reward=GenerationConfig.reward, lookup=True, min_branch_q=GenerationConfig.min_branch_q,
                 min_expand_q=GenerationConfig.min_expand_q)
-SETTINGS = tuple(DEFAULTS)  # new settings go last: API callers pass them by position
+SETTINGS = tuple(DEFAULTS)  # their names: the page hands its values over by name, the API takes them as keywords
 
 # Ways of drafting, by policy, in the order the page offers them
 WAYS = {"ucb": "Tree, shape chosen by a bandit", "tree": "Fixed tree", "chain": "Chain", "none": "One token per step"}

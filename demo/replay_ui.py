@@ -133,6 +133,7 @@ def wire_replay(panel: ReplayPanel, runs: dict[str, Path], session: gr.State, st
     panel.run.change(pick, [panel.run, session], outputs, **quick)
     panel.upload.upload(upload, [panel.upload, session], outputs, **quick)
     panel.play.click(play, [panel.speed, session], outputs, concurrency_limit=None, api_name="replay_play",
-                     show_progress="hidden")
-    panel.step.click(step, session, outputs, concurrency_limit=None, api_name="replay_step", show_progress="hidden")
+                     api_visibility="private", show_progress="hidden")
+    panel.step.click(step, session, outputs, concurrency_limit=None, api_name="replay_step",
+                     api_visibility="private", show_progress="hidden")
     panel.pause.click(pause, session, None, queue=False, api_name=False)

@@ -3,9 +3,12 @@
 Starts `python app.py` (the real default models), then for each prompt, with the page's default method and
 settings:
 - `complete`: the answer as JSON, no page (the reference);
-- `/generate` through `gradio_client`: the page's updates built and sent, no browser drawing them;
+- `rounds` through `gradio_client`: every round's record streamed as JSON;
 - the page in Debian's Chromium at 1440x900, Generate pressed as a user would;
 - the page's Compare in Chromium: its verdict against the ratio of `complete`'s two runs (the method, `ar`).
+Then, the app closed, the page's Generate handler in this process (`tests.page.Page` over the real engine): every
+frame built as the page builds it, nobody sending or drawing it, against `complete`'s call (`Live.answer`) on the
+same engine thread. The page's events are not API endpoints, so this is how they run without a browser.
 Each speed is the engine's own (`Summary.engine_tokens_per_s`: tokens over the prompt's pass, the drafter's start
 and the rounds), read from the run's export. Prints a markdown table. Nothing else should run meanwhile.
 
@@ -47,18 +50,34 @@ def engine_rate(summary: dict) -> float:
 
 
 def export_of(value) -> dict:
-    path = value["value"] if isinstance(value, dict) else value
+    path = value["path"] if isinstance(value, dict) else value
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
-def through_client(url: str, prompt: str, tokens: int) -> float:
-    """`/generate` with the page's defaults: every frame is built and sent, nobody draws it."""
-    client = Client(url, verbose=False)
-    info = client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/generate"]
-    args = {p["parameter_name"]: p.get("parameter_default") for p in info["parameters"]}
-    args.update(prompt=prompt, max_new_tokens=tokens)
-    final = client.predict(*args.values(), api_name="/generate")
-    return engine_rate(export_of(final[-1])["summary"])
+def through_rounds(client: Client, prompt: str, tokens: int) -> float:
+    """`rounds` with the page's defaults: each round's record streamed as JSON, nobody drawing it."""
+    events = list(client.submit(prompt, {"max_new_tokens": tokens}, api_name="/rounds"))
+    return engine_rate(events[-1]["summary"])
+
+
+def in_process(prompts: list[str], tokens: int) -> list[tuple[float, float]]:
+    """(`complete`'s engine tok/s, the page handler's) per prompt, both in this process on one engine thread."""
+    import threading
+
+    import app
+    from tests.page import Page
+
+    options = app.parse_args([])
+    page = Page(app.real_engine(options.target, app.drafter_specs(options), options.device, options.dtype,
+                                options.drafter_dtype))
+    settings = app.settings_of({"max_new_tokens": tokens})
+    page.live.answer(prompts[0], app.settings_of({"max_new_tokens": 8}), threading.Event())  # load and warm up
+    rates = []
+    for prompt in prompts:
+        api = page.live.answer(prompt, settings, threading.Event())["engine_tokens_per_s"]
+        final = page.last("run", prompt, None, max_new_tokens=tokens)
+        rates.append((api, engine_rate(export_of(page.value(final, "export"))["summary"])))
+    return rates
 
 
 def in_browser(page, prompt: str, tokens: int, button: str) -> tuple[dict, str]:
@@ -111,7 +130,7 @@ def main() -> None:
         for prompt in prompts:
             alone = client.predict(prompt, method="ar", max_new_tokens=args.max_new_tokens, api_name="/complete")
             api = client.predict(prompt, max_new_tokens=args.max_new_tokens, api_name="/complete")
-            sent = through_client(url, prompt, args.max_new_tokens)
+            sent = through_rounds(client, prompt, args.max_new_tokens)
             shown, _ = in_browser(page, prompt, args.max_new_tokens, "#generate-btn")
             compared, verdict = in_browser(page, prompt, args.max_new_tokens, "#compare-btn")
             ratio = float(re.search(r"Speed-up: ([\d.]+)×", verdict).group(1))
@@ -125,13 +144,18 @@ def main() -> None:
                 page.evaluate("window.scrollTo(0, 0)")
                 page.screenshot(path=str(args.screenshots / f"app-{name}.png"))
         browser.close()
+    built = in_process(prompts, args.max_new_tokens)
     print(f"{machine_description()}; {args.max_new_tokens} new tokens, the page's default method and settings\n")
-    print("| prompt | `complete` tok/s | `/generate` via client | ratio | page in Chromium | ratio | "
+    print("| prompt | `complete` tok/s | `rounds` via client | ratio | page in Chromium | ratio | "
           "`complete` speed-up vs ar | Compare shows | Compare's runs |")
     print("|---|---|---|---|---|---|---|---|---|")
     for prompt, api, sent, shown, api_ratio, verdict, runs in rows:
         print(f"| {prompt[:40]} | {api:.1f} | {sent:.1f} | {sent / api:.2f} | {shown:.1f} | {shown / api:.2f} | "
               f"{api_ratio:.2f}x | {verdict:.2f}x | {runs:.2f}x |")
+    print("\n| prompt | `complete`'s call in-process tok/s | the page's Generate handler, frames built | ratio |")
+    print("|---|---|---|---|")
+    for prompt, (api, page) in zip(prompts, built, strict=True):
+        print(f"| {prompt[:40]} | {api:.1f} | {page:.1f} | {page / api:.2f} |")
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.only or RUNS:
         title, prompt_id, changes = RUNS[name]
-        settings = app.settings_of(**{**DEFAULTS, **changes})
+        settings = app.settings_of(changes)
         print(f"{name}: {title}", flush=True)
         session = record(engine, prompts[prompt_id], settings)
         recorded = {"title": title, "prompt_id": prompt_id, "device": args.device, "machine": platform.machine(),

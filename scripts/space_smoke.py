@@ -105,12 +105,11 @@ def wait_for_page(url: str, server: subprocess.Popen, log: Path, seconds: float)
     raise SystemExit(f"space-smoke: no page on {url} within {seconds:.0f} s:\n{log.read_text()[-3000:]}")
 
 
-def answer_in_image(url: str, prompt: str, downloads: Path) -> list[int]:
-    client = Client(url, verbose=False, download_files=str(downloads))
-    outputs = client.predict(prompt, METHOD, 0.0, MAX_NEW_TOKENS, 0, "", "", 0.1, "paper", False,
-                             api_name="/generate")
-    export = json.loads(Path(outputs[-1]["value"]).read_text())  # the run's JSON (the Export button's file)
-    return export["summary"]["token_ids"]
+def answer_in_image(url: str, prompt: str) -> list[int]:
+    """The greedy answer's token ids streamed by the image's `rounds` API, the last event being the summary."""
+    events = list(Client(url, verbose=False).submit(prompt, {"method": METHOD, "max_new_tokens": MAX_NEW_TOKENS,
+                                                             "lookup": False}, api_name="/rounds"))
+    return events[-1]["summary"]["token_ids"]
 
 
 def answer_outside(prompt: str) -> list[int]:
@@ -141,7 +140,7 @@ def main() -> None:
         serving = wait_for_page(url, server, log, args.start_seconds)
         print(f"space-smoke: serving on {url} {serving:.1f} s after the start", flush=True)
         ask = time.monotonic()
-        inside = answer_in_image(url, args.prompt, args.cache / "downloads")
+        inside = answer_in_image(url, args.prompt)
         print(f"space-smoke: the image's greedy answer ({len(inside)} tokens) in {time.monotonic() - ask:.1f} s",
               flush=True)
     finally:

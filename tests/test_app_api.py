@@ -1,5 +1,5 @@
-"""The app's plain `complete` API over `gradio_client`: JSON with text, token ids and figures, same parameters as
-`generate`; one check against the CLI with the real default models."""
+"""The app's plain `complete` API over `gradio_client`: JSON with text, token ids and figures, the page's settings
+as keyword parameters with the page's defaults; one check against the CLI with the real default models."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 import app
+from demo.live import DEFAULTS
 from tests.app_process import ROOT, running_app, served
+from tests.page import Page
 from tests.test_app_client import ARGS, fake_engine
 
 UNTIMED = dict.fromkeys(("tokens_per_s", "engine_tokens_per_s", "engine_seconds"), 0)  # timings differ run to run
@@ -32,10 +34,10 @@ def parameters(info: dict, endpoint: str) -> dict:
     return {p["parameter_name"]: p.get("parameter_default") for p in info["named_endpoints"][endpoint]["parameters"]}
 
 
-def test_complete_takes_generates_parameters_with_the_same_defaults(url):
+def test_complete_takes_the_pages_settings_with_the_same_defaults(url):
     info = Client(url, verbose=False).view_api(print_info=False, return_format="dict")
-    assert "/complete" in info["named_endpoints"]
-    assert parameters(info, "/complete") == parameters(info, "/generate")
+    assert parameters(info, "/complete") == {"prompt": None, **DEFAULTS}
+    assert list(parameters(info, "/rounds")) == ["prompt", "settings"]  # the same settings, as one dict
 
 
 def test_complete_returns_the_answer_as_json(url):
@@ -44,10 +46,11 @@ def test_complete_returns_the_answer_as_json(url):
     assert KEYS <= set(answer)
     assert len(answer["token_ids"]) == 24 and answer["text"].count(" ") >= 20
     assert answer["method"] == "mamba-ucb" and answer["dtype"] == "float32" and answer["rounds"] >= 1
-    streamed = client.submit("Explain speculative decoding.", *{**ARGS, "max_new_tokens": 24}.values(),
-                             api_name="/generate").result()
-    assert streamed[0].count('class="sd-tok"') == len(answer["token_ids"])  # the page shows the same tokens
-    assert "Target in float32." in streamed[0]  # the page names the target's precision after a run
+    page = Page(fake_engine(delay=0.001))
+    final = page.last("run", "Explain speculative decoding.", None, **{**ARGS, "max_new_tokens": 24})
+    shown = page.value(final, "conversation")
+    assert shown.count('class="sd-tok"') == len(answer["token_ids"])  # the page shows the same tokens
+    assert "Target in float32." in shown  # the page names the target's precision after a run
 
 
 def test_complete_follows_method_and_seed(url):

@@ -1,7 +1,9 @@
-"""The app over its API (`gradio_client`): streamed `generate`, step, compare, stop, errors, separate sessions.
+"""The app's page and API: Generate streams, Step, Compare, Stop and errors on the page's handlers (in-process, as
+the page calls them; they are not API endpoints), separate sessions, and the API (`complete`, `rounds`, `status`)
+over `gradio_client`.
 
-Most tests drive the app in-process with `demo.fake` standing in for the engine (fast, no models);
-`test_real_app_streams_generate` starts `python app.py` as a subprocess with the real default models.
+Most tests use `demo.fake` in place of the engine (fast, no models); `test_real_app_streams_rounds` starts
+`python app.py` as a subprocess with the real default models.
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -18,11 +19,14 @@ from gradio_client.exceptions import AppError
 
 import app
 from demo.fake import fake_generate
+from demo.session import Session
 from tests.app_process import running_app, served
+from tests.page import Page
 
 ROOT = Path(__file__).resolve().parent.parent
 ARGS = dict(method="mamba-ucb", temperature=0.0, max_new_tokens=24, seed=0, tree="", arms="", lambda_ucb=1.0,
-            reward="paper", lookup=True)  # the order of the `generate` inputs
+            reward="paper", lookup=True)  # settings by name, as the page and the API take them
+PROMPT = "Explain speculative decoding."
 
 
 def fake_engine(delay: float = 0.01) -> app.Engine:
@@ -39,58 +43,71 @@ def url():
         yield address
 
 
-def call(client: Client, endpoint: str, prompt: str = "Explain speculative decoding.", **changes):
-    return client.submit(prompt, *{**ARGS, **changes}.values(), api_name=endpoint)
+@pytest.fixture(scope="module")
+def page():
+    return Page(fake_engine())
 
 
-def test_generate_streams_several_updates(url):
-    outputs = list(call(Client(url, verbose=False), "/generate"))
+def test_generate_streams_several_updates(page):
+    outputs = list(page.press("run", PROMPT, None, **ARGS))
     assert len(outputs) >= 3
-    conversation, caption, tree, *_ = outputs[-1]
+    final = outputs[-1]
+    conversation, caption, tree = (page.value(final, name) for name in ("conversation", "caption", "tree"))
     assert conversation.count('class="sd-tok"') == 24 and "Done: 24 tokens" in conversation
     assert caption.startswith('<div class="sd-caption"') and "Round" in caption
     assert 'class="sd-node"' in tree
-    assert [o[0].count('class="sd-tok"') for o in outputs] == sorted(o[0].count('class="sd-tok"') for o in outputs)
-    export = outputs[-1][-1]["value"]
+    counts = [page.value(o, "conversation").count('class="sd-tok"') for o in outputs]
+    assert counts == sorted(counts)
+    export = page.value(final, "export")["path"]  # the file the button offers
     assert len(json.loads(Path(export).read_text())["rounds"]) == int(caption.split("Round ")[1].split(":")[0])
 
 
-def test_step_advances_one_round_per_call_and_sessions_stay_apart(url):
-    alice, bob = Client(url, verbose=False), Client(url, verbose=False)
-    captions = [call(alice, "/step").result()[1] for _ in range(3)]
+def test_step_advances_one_round_per_call_and_sessions_stay_apart(page):
+    alice, bob = Session(), Session()
+    captions = [page.value(page.last("step", PROMPT, alice, **ARGS), "caption") for _ in range(3)]
     assert ["Round 1:" in captions[0], "Round 2:" in captions[1], "Round 3:" in captions[2]] == [True] * 3
-    assert "Round 1:" in call(bob, "/step").result()[1]  # bob's run is his own
-    assert "Round 4:" in call(alice, "/step").result()[1]
+    assert "Round 1:" in page.value(page.last("step", PROMPT, bob, **ARGS), "caption")  # bob's run is his own
+    assert "Round 4:" in page.value(page.last("step", PROMPT, alice, **ARGS), "caption")
 
 
-def test_compare_shows_both_runs_and_the_speed_up(url):
-    final = call(Client(url, verbose=False), "/compare", max_new_tokens=16).result()
-    comparison, verdict = final[7], final[8]
-    assert "Target alone" in comparison["value"] and comparison["visible"] is True
+def test_compare_shows_both_runs_and_the_speed_up(page):
+    final = page.last("compare", PROMPT, None, **{**ARGS, "max_new_tokens": 16})
+    comparison, verdict = final[page.live.comparison], page.value(final, "verdict")
+    assert "Target alone" in comparison.value and comparison.visible is True
     run, base = (float(x) for x in re.search(r"\(([\d.]+) vs ([\d.]+) tokens/s\)", verdict).groups())
     shown = float(re.search(r"Speed-up: ([\d.]+)×", verdict).group(1))
     assert shown == pytest.approx(run / base, abs=0.02)  # the ratio of the two rates it names
-    assert f"{run:.1f} tokens/s" in comparison["value"] and f"{base:.1f} tokens/s" in comparison["value"]
+    assert f"{run:.1f} tokens/s" in comparison.value and f"{base:.1f} tokens/s" in comparison.value
 
 
-def test_stop_ends_the_run_and_the_app_keeps_serving(url):
+def test_stop_ends_the_run_and_the_tab_runs_again(page):
+    session = Session()
+    updates = page.press("run", PROMPT, session, **{**ARGS, "max_new_tokens": 512})
+    for _ in range(3):
+        next(updates)
+    app.stop_run(session)
+    *_, final = updates
+    conversation = page.value(final, "conversation")
+    assert "you pressed Stop" in conversation and conversation.count('class="sd-tok"') < 512
+    assert "Done: 24 tokens" in page.value(page.last("run", PROMPT, session, **ARGS), "conversation")
+
+
+def test_bad_input_gives_a_clear_error(page):
+    with pytest.raises(app.gr.Error, match="Type a prompt first"):
+        page.last("run", "   ", None, **ARGS)
+    with pytest.raises(app.gr.Error, match="Invalid settings"):
+        page.last("run", PROMPT, None, **{**ARGS, "method": "mamba-chain", "tree": "3,2"})
+    with pytest.raises(app.gr.Error, match="max_new_tokens must be an integer from 1"):
+        page.last("run", PROMPT, None, **{**ARGS, "max_new_tokens": 0})  # refused, not clamped
+
+
+def test_the_page_events_are_not_api_endpoints(url):
     client = Client(url, verbose=False)
-    job = call(client, "/generate", max_new_tokens=512)
-    deadline = time.monotonic() + 30
-    while len(job.outputs()) < 3 and not job.done() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    client.predict(api_name="/stop")
-    final = job.result(timeout=30)
-    assert "you pressed Stop" in final[0] and final[0].count('class="sd-tok"') < 512
-    assert "Done: 24 tokens" in call(client, "/generate").result()[0]
-
-
-def test_bad_input_gives_a_clear_error(url):
-    client = Client(url, verbose=False)
-    with pytest.raises(AppError, match="Type a prompt first"):
-        call(client, "/generate", prompt="   ").result()
-    with pytest.raises(AppError, match="Invalid settings"):
-        call(client, "/generate", method="mamba-chain", tree="3,2").result()
+    info = client.view_api(print_info=False, return_format="dict")
+    assert set(info["named_endpoints"]) == {"/complete", "/rounds", "/status"} and not info["unnamed_endpoints"]
+    for endpoint in ("/generate", "/step", "/compare", "/stop"):
+        with pytest.raises(ValueError, match="Cannot find a function"):
+            client.predict(PROMPT, api_name=endpoint)
 
 
 def test_flags_default_to_environment_variables(monkeypatch):
@@ -115,17 +132,17 @@ def image_files(dockerfile: Path, into: Path) -> Path:
     return into
 
 
-def test_real_app_streams_generate(tmp_path):
+def test_real_app_streams_rounds(tmp_path):
     """The real default models, served from exactly the files the Docker image (the Space) gets."""
     root = image_files(ROOT / "Dockerfile", tmp_path / "image")
     assert (root / "app.py").exists() and (root / "assets" / "drafters").is_dir()
     with running_app(tmp_path / "app.log", root=root) as url:
-        job = call(Client(url, verbose=False), "/generate", prompt="Name three colours.", max_new_tokens=16)
-        final = job.result(timeout=300)
-        outputs = job.outputs()
-        assert len(outputs) >= 3  # the prompt at once, then tokens as they come, then the finished run
-        assert "Done: " in final[0] and final[0].count('class="sd-tok"') >= 1
-        assert 'class="sd-node"' in final[2]
+        job = Client(url, verbose=False).submit("Name three colours.", {"max_new_tokens": 16}, api_name="/rounds")
+        events = list(job)
+        rounds, summary = [e["round"] for e in events[:-1]], events[-1]["summary"]
+        assert len(rounds) >= 2  # the rounds as they come, then the finished run
+        assert [t["token_id"] for r in rounds for t in r["emitted"]] == summary["token_ids"]
+        assert summary["new_tokens"] == 16 and any(len(r["nodes"]) > 1 for r in rounds)
 
 
 def test_the_drafter_and_way_controls_reach_every_method_once():
@@ -149,8 +166,7 @@ def test_the_drafter_and_way_controls_reach_every_method_once():
 def test_lookup_checkbox_sets_the_engine_default_branch():
     from specdec.config import GenerationConfig
 
-    args = {k: v for k, v in ARGS.items() if k != "lookup"}
-    on, off = app.settings_of(**args, lookup=True), app.settings_of(**args, lookup=False)
+    on, off = app.settings_of({**ARGS, "lookup": True}), app.settings_of({**ARGS, "lookup": False})
     assert GenerationConfig(**on).validate().grafts_lookup and not GenerationConfig(**off).grafts_lookup
 
 

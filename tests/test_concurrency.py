@@ -1,17 +1,22 @@
 """Simultaneous clients against a real `python app.py` (the default models) started with SPECDEC_QUEUE_SIZE=8:
 4 and then 8 requests at once with different prompts, methods and seeds, greedy and sampled, each get what the
-same request gets alone; two browser sessions running at once each keep their own bandit; more requests than the
-queue holds are refused in one sentence and the app keeps serving."""
+same request gets alone; more requests than the queue holds are refused in one sentence and the app keeps serving;
+two tabs running the page at once (its handlers in-process, over the same real engine) each keep their own
+bandit."""
 
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
 from gradio_client import Client
 
+import app
+from demo.session import Session
 from tests.app_process import app_process
+from tests.page import Page
 
 UNTIMED = dict.fromkeys(("tokens_per_s", "engine_tokens_per_s", "engine_seconds"), 0)  # timings differ run to run
 
@@ -25,7 +30,7 @@ METHODS = ("mamba-ucb", "mamba-tree", "lookup-chain", "ar", "mamba-chain")
 REQUESTS = [dict(prompt=PROMPTS[i], method=METHODS[i % len(METHODS)], temperature=0.8 * (i % 2), seed=100 + i,
                  max_new_tokens=12 + 2 * (i % 3), reward="paper") for i in range(8)]
 PAGE = dict(method="mamba-ucb", temperature=0.0, max_new_tokens=16, seed=0, tree="", arms="", lambda_ucb=0.1,
-            reward="paper", lookup=True)  # the order of the `generate` inputs
+            reward="paper", lookup=True)
 
 
 @pytest.fixture(scope="module")
@@ -52,19 +57,29 @@ def test_simultaneous_clients_each_get_what_they_get_alone(url, alone, clients):
     assert {a["method"] for a in together} >= {"mamba-ucb", "ar"} and len({a["text"] for a in together}) == clients
 
 
-def bandit_pulls(final: list) -> tuple[list[int], list[int]]:
-    """Total bandit pulls after each round of a `generate` run, and its token ids, read from its export."""
-    export = json.loads(Path(final[-1]["value"]).read_text(encoding="utf-8"))
+def bandit_pulls(page: Page, final: dict) -> tuple[list[int], list[int]]:
+    """Total bandit pulls after each round of a Generate run, and its token ids, read from its export."""
+    export = json.loads(Path(page.value(final, "export")["path"]).read_text(encoding="utf-8"))
     return [sum(arm["pulls"] for arm in r["bandit"]["arms"]) for r in export["rounds"]], export["summary"]["token_ids"]
 
 
-def test_each_browser_session_keeps_its_own_bandit(url):
-    alice, bob = Client(url, verbose=False), Client(url, verbose=False)
-    alices = alice.submit("Explain speculative decoding.", *PAGE.values(), api_name="/generate")
-    bobs = bob.submit("Explain speculative decoding.", *PAGE.values(), api_name="/generate")  # at the same time
-    (alice_pulls, alice_ids), (bob_pulls, bob_ids) = bandit_pulls(alices.result(600)), bandit_pulls(bobs.result(600))
-    again = alice.submit("Explain speculative decoding.", *PAGE.values(), api_name="/generate")
-    alice_again, alice_again_ids = bandit_pulls(again.result(600))
+def test_each_browser_session_keeps_its_own_bandit():
+    args = app.parse_args([])
+    page = Page(app.real_engine(args.target, app.drafter_specs(args), args.device, args.dtype, args.drafter_dtype))
+    alice, bob = Session(), Session()
+    finals: dict[str, dict] = {}
+
+    def generate(name: str, session: Session) -> None:
+        finals[name] = page.last("run", "Explain speculative decoding.", session, **PAGE)
+
+    tabs = [threading.Thread(target=generate, args=(name, session)) for name, session in (("alice", alice),
+                                                                                         ("bob", bob))]
+    for tab in tabs:  # at the same time
+        tab.start()
+    for tab in tabs:
+        tab.join(600)
+    (alice_pulls, alice_ids), (bob_pulls, bob_ids) = (bandit_pulls(page, finals[name]) for name in ("alice", "bob"))
+    alice_again, alice_again_ids = bandit_pulls(page, page.last("run", "Explain speculative decoding.", alice, **PAGE))
     assert alice_pulls == list(range(1, len(alice_pulls) + 1))  # a fresh bandit: one pull per round
     assert bob_pulls == list(range(1, len(bob_pulls) + 1))  # bob's starts fresh though alice's ran next to it
     assert alice_again == list(range(len(alice_pulls) + 1, len(alice_pulls) + len(alice_again) + 1))  # and goes on

@@ -21,6 +21,8 @@ from gradio_client.exceptions import AppError
 import app
 from specdec.models import ModelLoadError, load_model
 from tests.app_process import ROOT, close_blocks, free_port
+from demo.session import Session
+from tests.page import Page
 from tests.test_app_client import ARGS, fake_engine
 
 UNTIMED = dict.fromkeys(("tokens_per_s", "engine_tokens_per_s", "engine_seconds"), 0)  # timings differ run to run
@@ -73,7 +75,7 @@ def test_control_characters_over_the_api(client):
                                          ("min_expand_q", "nan")])
 def test_non_finite_numbers_are_refused_in_one_sentence(name, value):
     with pytest.raises(app.gr.Error, match="must be a finite number"):
-        app.settings_of(**{**ARGS, name: float(value)})
+        app.settings_of({**ARGS, name: float(value)})
 
 
 def test_numbers_out_of_range_over_the_api(client):
@@ -88,10 +90,10 @@ def test_numbers_out_of_range_over_the_api(client):
 
 
 def test_the_trimming_threshold_reaches_the_engine():
-    assert fake_engine().make_config(**app.settings_of(**ARGS)).min_branch_q == app.DEFAULTS["min_branch_q"]
-    assert fake_engine().make_config(**app.settings_of(**{**ARGS, "min_branch_q": 0.3})).min_branch_q == 0.3
-    assert fake_engine().make_config(**app.settings_of(**ARGS)).min_expand_q == app.DEFAULTS["min_expand_q"]
-    assert fake_engine().make_config(**app.settings_of(**{**ARGS, "min_expand_q": 0.6})).min_expand_q == 0.6
+    assert fake_engine().make_config(**app.settings_of(ARGS)).min_branch_q == app.DEFAULTS["min_branch_q"]
+    assert fake_engine().make_config(**app.settings_of({**ARGS, "min_branch_q": 0.3})).min_branch_q == 0.3
+    assert fake_engine().make_config(**app.settings_of(ARGS)).min_expand_q == app.DEFAULTS["min_expand_q"]
+    assert fake_engine().make_config(**app.settings_of({**ARGS, "min_expand_q": 0.6})).min_expand_q == 0.6
 
 
 def test_prompt_length_cap(client):
@@ -103,10 +105,10 @@ FIFTY_ARMS = "; ".join(f"{a},{b}" for a in range(1, 8) for b in range(1, 9)).spl
 
 
 def test_fifty_bandit_arms():
-    config = fake_engine().make_config(**app.settings_of(**{**ARGS, "arms": "; ".join(FIFTY_ARMS)}))
+    config = fake_engine().make_config(**app.settings_of({**ARGS, "arms": "; ".join(FIFTY_ARMS)}))
     assert len(config.shapes()) == 50
     with pytest.raises(ValueError, match="must differ"):
-        fake_engine().make_config(**app.settings_of(**{**ARGS, "arms": "; ".join(["2,1"] * 50)}))
+        fake_engine().make_config(**app.settings_of({**ARGS, "arms": "; ".join(["2,1"] * 50)}))
 
 
 def test_fifty_arms_over_the_api(client):
@@ -114,14 +116,13 @@ def test_fifty_arms_over_the_api(client):
     refused(client, "Invalid settings: .*must differ", arms="; ".join(["2,1"] * 50))
 
 
-def test_export_after_a_stopped_run_is_a_valid_file_under_the_temp_folder(client):
-    job = client.submit("../../etc/passwd.json", *{**ARGS, "max_new_tokens": 64}.values(), api_name="/generate")
-    deadline = time.monotonic() + 30
-    while len(job.outputs()) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    client.predict(api_name="/stop")
-    final = job.result(timeout=30)
-    path = Path(final[-1]["value"])
+def test_export_after_a_stopped_run_is_a_valid_file_under_the_temp_folder():
+    page, session = Page(fake_engine(delay=0.001), LIMITS), Session()
+    updates = page.press("run", "../../etc/passwd.json", session, **{**ARGS, "max_new_tokens": 64})
+    next(updates), next(updates)
+    app.stop_run(session)
+    *_, final = updates
+    path = Path(page.value(final, "export")["path"])
     assert path.resolve().is_relative_to(Path(tempfile.gettempdir()).resolve())
     assert re.fullmatch(r"specdec-run-\d{8}-\d{6}-[0-9a-f]{6}\.json", path.name)  # a generated name, not the prompt's
     run = json.loads(path.read_text(encoding="utf-8"))
@@ -245,7 +246,7 @@ def test_a_full_queue_refuses_in_one_sentence_and_recovers():
         close_blocks(blocks)
 
 
-@pytest.mark.parametrize("endpoint", ["/complete", "/generate"])
+@pytest.mark.parametrize("endpoint", ["/complete", "/rounds"])
 def test_a_cancelled_request_closes_its_engine_run_within_a_round(endpoint):
     """A client's `Job.cancel()` mid-run: the app's open engine runs (`/status`) drop to 0 at once, not when the
     512-token run would have ended (about 10 s of 20 ms rounds), and the next request works."""
@@ -254,7 +255,9 @@ def test_a_cancelled_request_closes_its_engine_run_within_a_round(endpoint):
     blocks.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     try:
         client = Client(f"http://127.0.0.1:{port}/", verbose=False)
-        job = client.submit("Hi", *{**ARGS, "max_new_tokens": 512}.values(), api_name=endpoint)
+        settings = {**ARGS, "max_new_tokens": 512}
+        job = client.submit("Hi", **settings, api_name=endpoint) if endpoint == "/complete" else \
+            client.submit("Hi", settings, api_name=endpoint)
         deadline = time.monotonic() + 30
         while client.predict(api_name="/status")["engine_runs"] == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
