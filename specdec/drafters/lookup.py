@@ -86,7 +86,7 @@ def graft(tree: DraftTree, chain: list[int], merge: bool) -> DraftTree:
 class LookupBranch(Drafter):
     """A drafter's tree plus, when the context's last 2-gram (or 3-gram) occurred before, up to `length` copied
     tokens as a branch. A single repeated token is a weak hint, not worth verification rows on a CPU; the 2-gram
-    gate and 6 tokens were the fastest of the variants measured (docs/benchmarks.md).
+    gate and 6 tokens are the variants that `bench` measured fastest.
 
     The branch must also earn its rows in this generation: `yield_` is a moving average of the copied tokens
     accepted per grafted round; while it is below `min_yield`, only every `probe_every`-th match is grafted, to
