@@ -1,6 +1,7 @@
 """`python -m specdec.distill STAGE ...`: the drafter pipeline, one resumable stage at a time, or `all`.
 
-Stages: corpus -> teacher -> [features] -> train -> evaluate -> export (`features`: for `--arch mamba-feat`);
+Stages: corpus -> [sources] -> teacher -> [features] -> train -> evaluate -> export (`sources`: self-instruct
+prompts and chats, a corpus part of their own; `features`: for `--arch mamba-feat`);
 `compare --runs a,b` prints runs' learning curves side by side. Data goes under `--data` (default `data/distill`,
 git-ignored); each stage skips what is already on disk, so rerunning a stopped command continues it.
 """
@@ -38,6 +39,16 @@ def stage_corpus(args: argparse.Namespace) -> None:
     print(f"corpus in {folder}")
 
 
+def stage_sources(args: argparse.Namespace) -> None:
+    """Prompts the target writes itself and two-turn chats, appended to the corpus as its next part."""
+    from specdec.distill.sources import add_sources
+
+    target = _target(args, args.teacher_dtype)
+    part = add_sources(target.model, target.tokenizer, args.data / "corpus", args.self_prompts, args.self_eval,
+                       args.chat_prompts, args.chat_eval, args.seed, args.batch_size)
+    print(f"self-instruct prompts and chats in corpus part {part}: answer them with `teacher --part {part}`")
+
+
 def stage_teacher(args: argparse.Namespace) -> None:
     from specdec.distill import teacher
     from specdec.distill.train import reuse_freed_memory
@@ -47,7 +58,7 @@ def stage_teacher(args: argparse.Namespace) -> None:
     corpus, out = args.data / "corpus", args.data / "teacher"
     common = dict(batch_size=args.batch_size, shard_prompts=args.shard_prompts, max_new_tokens=args.max_new_tokens,
                   k=args.topk)
-    teacher.generate_responses(target.model, target.tokenizer, corpus, out, "eval", **common)
+    teacher.generate_responses(target.model, target.tokenizer, corpus, out, "eval", part=args.part, **common)
     teacher.generate_responses(target.model, target.tokenizer, corpus, out, "train", minutes=args.response_minutes,
                                max_shards=args.response_shards, part=args.part, **common)
     teacher.generate_sampled(target.model, target.tokenizer, corpus, out, args.sampled_passes,
@@ -152,8 +163,8 @@ def stage_all(args: argparse.Namespace) -> None:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m specdec.distill", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("stage", choices=["corpus", "tokenizer", "teacher", "features", "train", "evaluate", "export",
-                                     "compare", "all"])
+    p.add_argument("stage", choices=["corpus", "sources", "tokenizer", "teacher", "features", "train", "evaluate",
+                                     "export", "compare", "all"])
     p.add_argument("--target", default=DEFAULT_TARGET, help="target preset, folder, .gguf or hub id")
     p.add_argument("--data", type=Path, default=Path("data/distill"), help="working folder (resumable)")
     p.add_argument("--seed", type=int, default=0)
@@ -171,6 +182,13 @@ def parser() -> argparse.ArgumentParser:
     corpus.add_argument("--parts", type=int, default=1,
                         help="append training-prompt parts until there are this many (part 0: the first corpus; each "
                              "later part: --prompts-per-domain new prompts; existing prompts never change)")
+    sources = p.add_argument_group("sources (the target writes prompts; --batch-size, --teacher-dtype apply)")
+    sources.add_argument("--self-prompts", type=int, default=2000,
+                         help="training prompts the target writes itself from seed topics (the `self` domain)")
+    sources.add_argument("--self-eval", type=int, default=32, help="held-out `self` prompts, from held-out topics")
+    sources.add_argument("--chat-prompts", type=int, default=1000,
+                         help="two-turn chats: a corpus prompt, the target's answer, a follow-up (the `turns` domain)")
+    sources.add_argument("--chat-eval", type=int, default=16, help="held-out chats, opened by held-out prompts")
     teacher = p.add_argument_group("teacher")
     teacher.add_argument("--teacher-dtype", default="auto",
                          help="the teacher's (and the features') precision; auto: bfloat16 where the CPU multiplies it "
@@ -229,8 +247,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    {"corpus": stage_corpus, "tokenizer": stage_tokenizer, "teacher": stage_teacher, "features": stage_features, "train": stage_train,
-     "evaluate": stage_evaluate, "export": stage_export, "compare": stage_compare, "all": stage_all}[args.stage](args)
+    {"corpus": stage_corpus, "sources": stage_sources, "tokenizer": stage_tokenizer, "teacher": stage_teacher,
+     "features": stage_features, "train": stage_train, "evaluate": stage_evaluate, "export": stage_export,
+     "compare": stage_compare, "all": stage_all}[args.stage](args)
 
 
 if __name__ == "__main__":

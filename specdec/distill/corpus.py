@@ -113,6 +113,10 @@ class Prompt:
     split: str  # "train" | "eval"
     text: str
     part: int = 0  # 0: the corpus as first built; k > 0: the k-th set of training prompts added later (`more_prompts`)
+    history: tuple[str, ...] = ()  # earlier turns of a chat, user first, alternating with the target's answers
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "history", tuple(self.history))  # a list when read back from JSON
 
 
 def stdlib_dir() -> Path:

@@ -23,7 +23,7 @@ from specdec.distill.corpus import read_prompts
 from specdec.distill.plugin import decode_step
 from specdec.distill.recipe import greedy_acceptance, target_weights
 from specdec.distill.teacher import Shard
-from specdec.distill.train import load_run, recipe_for
+from specdec.distill.train import held_out_folders, load_run, recipe_for
 from specdec.engine import generate
 from specdec.models import LoadedModel, Models
 from specdec.records import Summary
@@ -79,9 +79,11 @@ def evaluate(target: LoadedModel, teacher: Path, run: Path, prompts_per_domain: 
     model, draft_ids, counters = load_run(run)
     recipe = recipe_for(counters["config"]["arch"], *target_weights(target.model),
                         tokenizer=counters["config"].get("tokenizer"), target_tokenizer=target.tokenizer)
-    held_out = recipe.load_shards(teacher / "responses" / "eval")
+    held_out = [shard for folder in held_out_folders(teacher) for shard in recipe.load_shards(folder)]
     report = {"counters": {k: v for k, v in counters.items() if k != "config"},
               "teacher_forced": greedy_acceptance(recipe, model, held_out, draft_ids),
+              "teacher_forced_by_domain": {domain: greedy_acceptance(recipe, model, held_out, draft_ids, domain)
+                                           for domain in sorted({d for s in held_out for d in s["domains"]})},
               "coverage": coverage(held_out, draft_ids)}
     if recipe.full_head_figure:  # what an engine that ignores draft_vocab.json would get
         report["teacher_forced_full_head"] = greedy_acceptance(recipe, model, held_out,
@@ -95,8 +97,8 @@ def evaluate(target: LoadedModel, teacher: Path, run: Path, prompts_per_domain: 
     latency["ratio_fp32"] = latency["drafter_fp32"] / latency["target_fp32"]
     latency["ratio_bf16"] = latency["drafter_bf16"] / latency["target_fp32"]
     report["latency_ms"] = latency
-    prompts = [p for domain_prompts in _by_domain(read_prompts(teacher.parent / "corpus", "eval")).values()
-               for p in domain_prompts[:prompts_per_domain]]
+    single_turn = [p for p in read_prompts(teacher.parent / "corpus", "eval") if not p.history]  # the engine's kind
+    prompts = [p for domain_prompts in _by_domain(single_turn).values() for p in domain_prompts[:prompts_per_domain]]
     models = Models.from_loaded(target, {recipe.kind: drafter})
     report["engine"] = engine_report(models, recipe.kind, prompts, max_new_tokens) if prompts else None
     (run / "eval.json").write_text(json.dumps(report, indent=1))

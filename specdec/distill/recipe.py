@@ -136,15 +136,16 @@ def distill_loss(logits: torch.Tensor, label: torch.Tensor, topk_ids: torch.Tens
 
 
 @torch.no_grad()
-def greedy_acceptance(recipe: Recipe, model: nn.Module, shards: list[Shard],
-                      draft_ids: torch.Tensor) -> dict[str, float]:
+def greedy_acceptance(recipe: Recipe, model: nn.Module, shards: list[Shard], draft_ids: torch.Tensor,
+                      domain: str | None = None) -> dict[str, float]:
     """Teacher-forced greedy per-token acceptance: how often argmax q equals the target's greedy token.
 
     On the target's own greedy answers the accepted prefix is always the target's text, so this is the chance a
-    drafted token is accepted given that its prefix was. One figure per name the recipe's `greedy` gives.
+    drafted token is accepted given that its prefix was. One figure per name the recipe's `greedy` gives; over the
+    answers of one `domain` only, when given.
     """
     hits: dict[str, list[int]] = {}
-    held_out = answers(shards)
+    held_out = [a for a in answers(shards) if domain is None or a.domain == domain]
     for start in range(0, len(held_out), recipe.eval_batch):
         for name, answer, guess in recipe.greedy(model, held_out[start:start + recipe.eval_batch], draft_ids):
             counts = hits.setdefault(name, [0, 0])

@@ -31,6 +31,7 @@ from tqdm import tqdm
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.distill.corpus import DOMAINS, LONG_DOMAIN, Prompt, read_documents, read_prompts
+from specdec.distill.sources import chat_ids
 from specdec.engine import encode_prompt
 
 Shard = dict
@@ -138,7 +139,8 @@ def generate_batch(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, p
     top-k comes free from the prefill pass (the target's law on user text).
     """
     eos = tokenizer.eos_token_id
-    prompt_ids = [encode_prompt(tokenizer, p.text) for p in prompts]  # as the engine will
+    prompt_ids = [chat_ids(tokenizer, [*p.history, p.text]) if p.history else encode_prompt(tokenizer, p.text)
+                  for p in prompts]  # as the engine will
     width = max(map(len, prompt_ids))
     input_ids = torch.full((len(prompts), width), eos, dtype=torch.long)
     mask = torch.zeros_like(input_ids)
@@ -166,8 +168,10 @@ def generate_batch(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, p
 
 
 def _interleave(prompts: list[Prompt]) -> list[Prompt]:
-    """Round-robin over domains, so any prefix of the shards covers every domain."""
-    by_domain = [[p for p in prompts if p.domain == d] for d in (*DOMAINS, LONG_DOMAIN)]
+    """Round-robin over domains (the template domains first, then the others in the order they appear), so any
+    prefix of the shards covers every domain."""
+    order = [*DOMAINS, LONG_DOMAIN, *dict.fromkeys(p.domain for p in prompts)]
+    by_domain = [[p for p in prompts if p.domain == d] for d in dict.fromkeys(order)]
     longest = max(map(len, by_domain), default=0)
     return [group[i] for i in range(longest) for group in by_domain if i < len(group)]
 

@@ -121,6 +121,11 @@ def response_folders(teacher: Path) -> list[Path]:
     return sorted(p for p in (teacher / "responses").glob("train*") if p.is_dir())
 
 
+def held_out_folders(teacher: Path) -> list[Path]:
+    """The held-out answers: `responses/eval`, then those of later corpus parts `responses/eval-part<K>`."""
+    return sorted(p for p in (teacher / "responses").glob("eval*") if p.is_dir())
+
+
 def _data_record(count: dict[str, int], text_shards: int) -> dict:
     """The data a segment trains on as the teacher's flags, from the shard count of each answer folder."""
     sampled = [name for name in count if name.startswith("train-t")]
@@ -194,7 +199,7 @@ def train(teacher: Path, run: Path, config: TrainConfig, target_embedding: torch
     answers = {folder.name: recipe.load_shards(folder) for folder in response_folders(teacher)}
     response_shards = [shard for shards in answers.values() for shard in shards]
     text_shards = recipe.text_shards(teacher)
-    held_out = recipe.load_shards(teacher / "responses" / "eval")
+    held_out = [shard for folder in held_out_folders(teacher) for shard in recipe.load_shards(folder)]
     if not response_shards and not text_shards:
         missing = "teacher shards with features: run the `features`" if recipe.reads_features else \
             "teacher shards: run the `teacher`"
