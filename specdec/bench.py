@@ -256,6 +256,91 @@ def _aggregate(runs: list[Run], ar_runs: list[Run] | None, greedy: bool, engine:
     }
 
 
+@dataclass(frozen=True)
+class Settings:
+    """One benchmark's decoding settings, the same for every method (see `benchmark`)."""
+
+    max_new_tokens: int
+    temperature: float = 0.0
+    repeats: int = 1
+    seed: int = 0
+    lookup_tokens: int = 10
+    bandit_scope: str = "session"
+    arms: str | None = None
+    reward: str = "pooled"
+    lambda_ucb: float | None = None
+    min_branch_q: float | None = None
+    min_expand_q: float | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def exploration(self) -> dict:
+        return {"lambda_ucb": self.lambda_ucb} if self.lambda_ucb is not None else {}
+
+    def trim(self, spec: MethodSpec) -> tuple[float, float] | None:
+        return _trim(spec, self.min_branch_q, self.min_expand_q)
+
+    def config(self, spec: MethodSpec, n_new: int, seed: int) -> GenerationConfig:
+        """The engine's configuration of one run of `spec`."""
+        trim = self.trim(spec)
+        base = spec.base if spec.base in METHODS else "ar"
+        ucb = METHODS[base].policy == "ucb"  # a bandit method's `:` part names its arms
+        return GenerationConfig(method=base, tree=None if ucb else spec.tree, temperature=self.temperature,
+                                max_new_tokens=n_new, seed=seed, arms=spec.tree if ucb and spec.tree else self.arms,
+                                reward=spec.reward or self.reward, lookup_branch=spec.lookup_branch,
+                                **({} if trim is None else dict(zip(TRIM_FIELDS, trim))),
+                                **self.exploration).validate()
+
+
+class Runner:
+    """Runs one method on one prompt: the engine, transformers' peers, or `ar` on a float32 target; keeps one
+    bandit per `*-ucb` method under the "session" scope."""
+
+    def __init__(self, models: Models, settings: Settings) -> None:
+        self.models, self.settings = models, settings
+        self.bandits: dict[str, UCBBandit] = {}
+        self.others: dict[str, Models] = {}  # a float32 target for `ar-float32`
+
+    def once(self, name: str, spec: MethodSpec, prompt: str, n_new: int, seed: int) -> Run:
+        config = self.settings.config(spec, n_new, seed)
+        if spec.base in HF_METHODS:
+            return run_hf(self.models, prompt, spec.base, config, self.settings.lookup_tokens)
+        if spec.base == FLOAT32_AR:
+            if "float32" not in self.others:
+                self.others["float32"] = Models(target=self.models.specs["target"], device=str(self.models.device),
+                                                dtype="float32")
+            return run_engine(self.others["float32"], prompt, config)
+        bandit = None
+        if self.settings.bandit_scope == "session" and config.spec.policy == "ucb":
+            if name not in self.bandits:
+                self.bandits[name] = UCBBandit.for_config(config)
+            bandit = self.bandits[name]
+        return run_engine(self.models, prompt, config, bandit)
+
+    def warm_up(self, methods: list[tuple[str, MethodSpec]], prompt: str, log=print) -> None:
+        """Load every model and run every code path once; the warm-up teaches no bandit."""
+        log(f"warm-up: {len(methods)} methods")
+        for name, spec in methods:
+            self.once(name, spec, prompt, 8, self.settings.seed)
+        self.bandits.clear()
+
+    def interleaved(self, methods: list[tuple[str, MethodSpec]], prompts: list[dict], log=print) -> dict[str, list[Run]]:
+        """Every method on every prompt, `repeats` times, all methods on one prompt before the next."""
+        runs: dict[str, list[Run]] = {name: [] for name, _ in methods}
+        for rep in range(self.settings.repeats):
+            for i, item in enumerate(prompts):
+                for name, spec in methods:
+                    run = self.once(name, spec, item["prompt"], self.settings.max_new_tokens, self.settings.seed + rep)
+                    run.prompt_id, run.kind = item["id"], item.get("kind", "")
+                    runs[name].append(run)
+                log(f"repeat {rep + 1}/{self.settings.repeats} prompt {i + 1}/{len(prompts)} {item['id']}: " +
+                    ", ".join(f"{m} {len(r[-1].tokens) / r[-1].seconds:.1f}" for m, r in runs.items()) + " tok/s")
+        return runs
+
+
 def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_tokens: int, temperature: float = 0.0,
               repeats: int = 1, seed: int = 0, lookup_tokens: int = 10, bandit_scope: str = "session",
               arms: str | None = None, reward: str = "pooled", lambda_ucb: float | None = None,
@@ -271,84 +356,64 @@ def benchmark(models: Models, prompts: list[dict], methods: list[str], max_new_t
     """
     if bandit_scope not in BANDIT_SCOPES:
         raise ValueError(f"bandit_scope must be one of {', '.join(BANDIT_SCOPES)}, not {bandit_scope!r}")
-    parsed = [parse_method(m) for m in methods]
-    if "ar" not in [spec.base for spec in parsed]:
-        methods, parsed = ["ar", *methods], [parse_method("ar"), *parsed]
-    greedy = temperature == 0.0
-    bandits: dict[str, UCBBandit] = {}
-    others: dict[str, Models] = {}  # a float32 target for `ar-float32`
-    exploration = {"lambda_ucb": lambda_ucb} if lambda_ucb is not None else {}
+    settings = Settings(max_new_tokens, temperature, repeats, seed, lookup_tokens, bandit_scope, arms, reward,
+                        lambda_ucb, min_branch_q, min_expand_q)
+    named = [(name, parse_method(name)) for name in methods]
+    if "ar" not in [spec.base for _, spec in named]:
+        named = [("ar", parse_method("ar")), *named]
+    runner = Runner(models, settings)
+    runner.warm_up(named, prompts[0]["prompt"], log)
+    runs = runner.interleaved(named, prompts, log)
+    return {"config": run_config(models, settings, len(prompts)), "methods": summarise(runs, named, prompts, settings)}
 
-    def once(name: str, spec: MethodSpec, prompt: str, n_new: int, run_seed: int) -> Run:
-        trim = _trim(spec, min_branch_q, min_expand_q)
-        base = spec.base if spec.base in METHODS else "ar"
-        ucb = METHODS[base].policy == "ucb"  # a bandit method's `:` part names its arms
-        config = GenerationConfig(method=base, tree=None if ucb else spec.tree,
-                                  temperature=temperature, max_new_tokens=n_new, seed=run_seed,
-                                  arms=spec.tree if ucb and spec.tree else arms,
-                                  reward=spec.reward or reward, lookup_branch=spec.lookup_branch,
-                                  **({} if trim is None else dict(zip(TRIM_FIELDS, trim))),
-                                  **exploration).validate()
-        if spec.base in HF_METHODS:
-            return run_hf(models, prompt, spec.base, config, lookup_tokens)
-        if spec.base == FLOAT32_AR:
-            if "float32" not in others:
-                others["float32"] = Models(target=models.specs["target"], device=str(models.device), dtype="float32")
-            return run_engine(others["float32"], prompt, config)
-        bandit = None
-        if bandit_scope == "session" and config.spec.policy == "ucb":
-            if name not in bandits:
-                bandits[name] = UCBBandit.for_config(config)
-            bandit = bandits[name]
-        return run_engine(models, prompt, config, bandit)
 
-    log(f"warm-up: {len(methods)} methods")
-    for name, spec in zip(methods, parsed):  # loads every model, warms every code path
-        once(name, spec, prompts[0]["prompt"], 8, seed)
-    bandits.clear()  # the warm-up teaches no bandit
-    runs: dict[str, list[Run]] = {m: [] for m in methods}
-    for rep in range(repeats):
-        for i, item in enumerate(prompts):
-            for name, spec in zip(methods, parsed):  # interleaved: all methods, this prompt
-                run = once(name, spec, item["prompt"], max_new_tokens, seed + rep)
-                run.prompt_id, run.kind = item["id"], item.get("kind", "")
-                runs[name].append(run)
-            log(f"repeat {rep + 1}/{repeats} prompt {i + 1}/{len(prompts)} {item['id']}: " + ", ".join(
-                f"{m} {len(runs[m][-1].tokens) / runs[m][-1].seconds:.1f}" for m in methods) + " tok/s")
-    results = {name: {**_aggregate(runs[name], runs["ar"] if spec.base != FLOAT32_AR else None, greedy,
-                                   spec.base not in HF_METHODS),
-                      "reward": (spec.reward or reward) if spec.base.endswith("-ucb") else None,
-                      "lambda_ucb": GenerationConfig(reward=spec.reward or reward, **exploration).lambda_ucb
-                      if spec.base.endswith("-ucb") else None,
-                      "lookup_branch": spec.lookup_branch,
-                      **dict(zip(TRIM_FIELDS, _trim(spec, min_branch_q, min_expand_q) or (None, None)))}
-               for name, spec in zip(methods, parsed)}
+def method_result(runs: dict[str, list[Run]], name: str, spec: MethodSpec, settings: Settings,
+                  kind: str | None = None) -> dict:
+    """One method's figures (over the prompts of one `kind`, when given) against `ar`'s in the same run."""
+    pick = (lambda rs: rs) if kind is None else (lambda rs: [r for r in rs if r.kind == kind])  # noqa: E731
+    reference = pick(runs["ar"]) if spec.base != FLOAT32_AR else None
+    return _aggregate(pick(runs[name]), reference, settings.greedy, spec.base not in HF_METHODS)
+
+
+def summarise(runs: dict[str, list[Run]], methods: list[tuple[str, MethodSpec]], prompts: list[dict],
+              settings: Settings) -> dict:
+    """Each method's figures, overall and per kind of prompt (each context length), relative to `ar`'s."""
     kinds = list(dict.fromkeys(item.get("kind", "") for item in prompts))
-    for name, spec in zip(methods, parsed):  # the same figures for each kind of prompt (each context length)
-        results[name]["by_kind"] = {
-            kind: _aggregate([r for r in runs[name] if r.kind == kind],
-                             [r for r in runs["ar"] if r.kind == kind] if spec.base != FLOAT32_AR else None,
-                             greedy, spec.base not in HF_METHODS) for kind in kinds}
-    for res in results.values():
+    results = {}
+    for name, spec in methods:
+        ucb = spec.base.endswith("-ucb")
+        results[name] = {**method_result(runs, name, spec, settings),
+                         "reward": (spec.reward or settings.reward) if ucb else None,
+                         "lambda_ucb": GenerationConfig(reward=spec.reward or settings.reward,
+                                                        **settings.exploration).lambda_ucb if ucb else None,
+                         "lookup_branch": spec.lookup_branch,
+                         **dict(zip(TRIM_FIELDS, settings.trim(spec) or (None, None))),
+                         "by_kind": {kind: method_result(runs, name, spec, settings, kind) for kind in kinds}}
+    for name, res in results.items():
         _relative(res, results["ar"])
         for kind, part in res["by_kind"].items():
             _relative(part, results["ar"]["by_kind"][kind])
-    for name, res in results.items():
-        if greedy and "hf-ar" in runs:
+        if settings.greedy and "hf-ar" in runs:
             res["vs_hf_ar"] = agreement(runs[name], runs["hf-ar"])
-    return {"config": {
+    return results
+
+
+def run_config(models: Models, settings: Settings, prompts: int) -> dict:
+    """What a result was measured on and with: the machine, the models, the settings."""
+    return {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine_description(),
         "target": models.specs["target"], "mamba_drafter": models.specs["mamba"],
         "tf_drafter": models.specs["transformer"], "xdrafter": models.specs.get("xmamba"),
         "device": str(models.device),
         "dtype": str(models.dtype).removeprefix("torch."), "verifier": verifier_layout(models),
-        "drafter_dtype": str(models.drafter_dtype).removeprefix("torch."), "max_new_tokens": max_new_tokens,
-        "temperature": temperature, "repeats": repeats, "prompts": len(prompts), "lookup_tokens": lookup_tokens,
-        "bandit_scope": bandit_scope, "arms": arms or DEFAULT_ARMS, "reward": reward,
-        "lambda_ucb": lambda_ucb,  # None: each method's reward's default (its row's lambda_ucb)
-        "min_branch_q": min_branch_q if min_branch_q is not None else GenerationConfig.min_branch_q,
-        "min_expand_q": min_expand_q if min_expand_q is not None else GenerationConfig.min_expand_q,
-        "torch_threads": torch.get_num_threads()}, "methods": results}
+        "drafter_dtype": str(models.drafter_dtype).removeprefix("torch."), "max_new_tokens": settings.max_new_tokens,
+        "temperature": settings.temperature, "repeats": settings.repeats, "prompts": prompts,
+        "lookup_tokens": settings.lookup_tokens, "bandit_scope": settings.bandit_scope,
+        "arms": settings.arms or DEFAULT_ARMS, "reward": settings.reward,
+        "lambda_ucb": settings.lambda_ucb,  # None: each method's reward's default (its row's lambda_ucb)
+        "min_branch_q": settings.min_branch_q if settings.min_branch_q is not None else GenerationConfig.min_branch_q,
+        "min_expand_q": settings.min_expand_q if settings.min_expand_q is not None else GenerationConfig.min_expand_q,
+        "torch_threads": torch.get_num_threads()}
 
 
 TRIM_FIELDS = ("min_branch_q", "min_expand_q")

@@ -168,7 +168,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default=DEFAULT_TARGET, help="target preset, folder, .gguf or hub id")
     p.add_argument("--data", type=Path, default=Path("data/distill"), help="working folder (resumable)")
     p.add_argument("--seed", type=int, default=0)
-    corpus = p.add_argument_group("corpus")
+    _corpus_options(p.add_argument_group("corpus"))
+    _sources_options(p.add_argument_group("sources (the target writes prompts; --batch-size, --teacher-dtype apply)"))
+    _teacher_options(p.add_argument_group("teacher"))
+    _train_options(p.add_argument_group("train / evaluate / export"))
+    p.add_argument_group("compare").add_argument("--runs", default=None,
+                                                 help="comma-separated run names whose learning curves to tabulate")
+    return p
+
+
+def _corpus_options(corpus: argparse._ArgumentGroup) -> None:
     corpus.add_argument("--prompts-per-domain", type=int, default=1500)
     corpus.add_argument("--eval-per-domain", type=int, default=16)
     corpus.add_argument("--text-chars", type=int, default=4_000_000, help="raw text to label, in characters")
@@ -182,14 +191,18 @@ def parser() -> argparse.ArgumentParser:
     corpus.add_argument("--parts", type=int, default=1,
                         help="append training-prompt parts until there are this many (part 0: the first corpus; each "
                              "later part: --prompts-per-domain new prompts; existing prompts never change)")
-    sources = p.add_argument_group("sources (the target writes prompts; --batch-size, --teacher-dtype apply)")
+
+
+def _sources_options(sources: argparse._ArgumentGroup) -> None:
     sources.add_argument("--self-prompts", type=int, default=2000,
                          help="training prompts the target writes itself from seed topics (the `self` domain)")
     sources.add_argument("--self-eval", type=int, default=32, help="held-out `self` prompts, from held-out topics")
     sources.add_argument("--chat-prompts", type=int, default=1000,
                          help="two-turn chats: a corpus prompt, the target's answer, a follow-up (the `turns` domain)")
     sources.add_argument("--chat-eval", type=int, default=16, help="held-out chats, opened by held-out prompts")
-    teacher = p.add_argument_group("teacher")
+
+
+def _teacher_options(teacher: argparse._ArgumentGroup) -> None:
     teacher.add_argument("--teacher-dtype", default="auto",
                          help="the teacher's (and the features') precision; auto: bfloat16 where the CPU multiplies it "
                               "natively (AMX, AVX512-BF16), else float32, faster than emulated bf16 (docs/training.md, "
@@ -214,7 +227,9 @@ def parser() -> argparse.ArgumentParser:
     teacher.add_argument("--text-minutes", type=float, default=None, help="stop labelling text after this long")
     teacher.add_argument("--text-features", action="store_true",
                          help="keep the target's features of the text-labelling pass too (for --arch mamba-feat)")
-    train = p.add_argument_group("train / evaluate / export")
+
+
+def _train_options(train: argparse._ArgumentGroup) -> None:
     train.add_argument("--arch", choices=["mamba", "transformer", "mamba-feat"], default="mamba",
                        help="mamba-feat: the drafter reading the target's hidden state (run the features stage)")
     train.add_argument("--name", default="mamba-smollm2", help="run name; export folder assets/drafters/NAME")
@@ -240,9 +255,6 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--engine-prompts", type=int, default=2, help="held-out prompts per domain run through the engine")
     train.add_argument("--max-new-tokens-eval", type=int, default=48)
     train.add_argument("--out", type=Path, default=None, help="export folder (default assets/drafters/NAME)")
-    p.add_argument_group("compare").add_argument("--runs", default=None,
-                                                 help="comma-separated run names whose learning curves to tabulate")
-    return p
 
 
 def main(argv: list[str] | None = None) -> None:

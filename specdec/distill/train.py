@@ -184,6 +184,19 @@ def _batch(streams: list[tuple[Stream, int]], config: TrainConfig, generator: to
     return tuple(torch.cat(group) for group in zip(*parts))
 
 
+def _teacher_data(teacher: Path, recipe: Recipe) -> tuple[dict[str, list[Shard]], list[Shard], list[Shard]]:
+    """(the training answers by folder, the labelled text, the held-out answers) as `recipe` reads them; exits
+    with a sentence when there is nothing to train on."""
+    answers = {folder.name: recipe.load_shards(folder) for folder in response_folders(teacher)}
+    text_shards = recipe.text_shards(teacher)
+    if not any(answers.values()) and not text_shards:
+        missing = "teacher shards with features: run the `features`" if recipe.reads_features else \
+            "teacher shards: run the `teacher`"
+        raise SystemExit(f"no {missing} stage first")
+    held_out = [shard for folder in held_out_folders(teacher) for shard in recipe.load_shards(folder)]
+    return answers, text_shards, held_out
+
+
 def train(teacher: Path, run: Path, config: TrainConfig, target_embedding: torch.Tensor | None, vocab_size: int,
           target_head: torch.Tensor | None = None, target_tokenizer=None) -> nn.Module:
     """Train (or resume) the recipe `config.arch` until the wall-time or token budget is spent; returns the drafter.
@@ -196,14 +209,8 @@ def train(teacher: Path, run: Path, config: TrainConfig, target_embedding: torch
     if config.threads:
         torch.set_num_threads(config.threads)
     run.mkdir(parents=True, exist_ok=True)
-    answers = {folder.name: recipe.load_shards(folder) for folder in response_folders(teacher)}
+    answers, text_shards, held_out = _teacher_data(teacher, recipe)
     response_shards = [shard for shards in answers.values() for shard in shards]
-    text_shards = recipe.text_shards(teacher)
-    held_out = [shard for folder in held_out_folders(teacher) for shard in recipe.load_shards(folder)]
-    if not response_shards and not text_shards:
-        missing = "teacher shards with features: run the `features`" if recipe.reads_features else \
-            "teacher shards: run the `teacher`"
-        raise SystemExit(f"no {missing} stage first")
     shards = response_shards + text_shards
     model, draft_ids, ckpt = _load_or_init(run, config, recipe, shards, vocab_size)
     lut = vocab_lut(draft_ids, vocab_size)
