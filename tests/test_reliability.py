@@ -172,14 +172,31 @@ def test_one_progress_indicator_where_the_answer_appears():
 @pytest.mark.parametrize("env", [{"HF_HUB_OFFLINE": "1"},
                                  {"HF_HUB_OFFLINE": "0", "HTTPS_PROXY": "http://127.0.0.1:9"}])
 def test_unknown_hub_model_fails_in_seconds(monkeypatch, env):
+    """Decided before the hub client (and its retries) is reached: offline at once, else by one connection
+    attempt with a timeout of a few seconds."""
+    import socket
+
     import torch
+
+    import specdec.models
 
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    started = time.monotonic()
+    attempts = []
+
+    def refused(address, timeout=None):
+        attempts.append(timeout)
+        raise ConnectionRefusedError(f"{address} refused")
+
+    def hub_client(*args, **kwargs):
+        raise AssertionError("the hub client was reached")
+
+    monkeypatch.setattr(socket, "create_connection", refused)
+    monkeypatch.setattr(specdec.models, "_from_pretrained", hub_client)
     with pytest.raises(ModelLoadError, match="nobody-here/no-such-model.*cannot be"):
         load_model("nobody-here/no-such-model", torch.device("cpu"), torch.float32)
-    assert time.monotonic() - started < 10
+    offline = env["HF_HUB_OFFLINE"] == "1"
+    assert attempts == [] if offline else len(attempts) == 1 and 0 < attempts[0] <= 5
 
 
 NO_NETWORK = """
@@ -246,27 +263,49 @@ def test_a_full_queue_refuses_in_one_sentence_and_recovers():
         close_blocks(blocks)
 
 
+def watched_engine(delay: float) -> tuple[app.Engine, threading.Event, list[int]]:
+    """The fake engine, with an event set when a run's generator is closed and each round's emitted tokens."""
+    base, closed, emitted = fake_engine(delay), threading.Event(), []
+
+    def generate(models, prompt, config, stop, memory):
+        try:
+            for event in base.generate(models, prompt, config, stop, memory):
+                emitted.extend([len(event.emitted)] if hasattr(event, "emitted") else [])
+                yield event
+        finally:
+            closed.set()
+
+    return app.Engine(base.make_config, base.prepare, generate), closed, emitted
+
+
+def wait_until(condition, seconds: float = 30) -> bool:
+    """Poll `condition` until it holds; False after `seconds` (a test's safety net, not a measurement)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 @pytest.mark.parametrize("endpoint", ["/complete", "/rounds"])
 def test_a_cancelled_request_closes_its_engine_run_within_a_round(endpoint):
-    """A client's `Job.cancel()` mid-run: the app's open engine runs (`/status`) drop to 0 at once, not when the
-    512-token run would have ended (about 10 s of 20 ms rounds), and the next request works."""
-    blocks = app.build_app(fake_engine(delay=0.02), limits=app.Limits(max_new_tokens=512))
+    """A client's `Job.cancel()` mid-run: the engine run is closed at its next round, long before its 512 tokens,
+    the app's open engine runs (`/status`) drop to 0, and the next request works."""
+    engine, closed, emitted = watched_engine(delay=0.02)
+    blocks = app.build_app(engine, limits=app.Limits(max_new_tokens=512))
     port = free_port()
     blocks.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     try:
         client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        runs = lambda: client.predict(api_name="/status")["engine_runs"]  # noqa: E731
         settings = {**ARGS, "max_new_tokens": 512}
         job = client.submit("Hi", **settings, api_name=endpoint) if endpoint == "/complete" else \
             client.submit("Hi", settings, api_name=endpoint)
-        deadline = time.monotonic() + 30
-        while client.predict(api_name="/status")["engine_runs"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert client.predict(api_name="/status")["engine_runs"] == 1 and not job.done()
+        assert wait_until(lambda: len(emitted) >= 3) and runs() == 1 and not job.done()
         job.cancel()
-        cancelled = time.monotonic()
-        while client.predict(api_name="/status")["engine_runs"] and time.monotonic() - cancelled < 5:
-            time.sleep(0.01)
-        assert client.predict(api_name="/status")["engine_runs"] == 0 and time.monotonic() - cancelled < 2
+        assert closed.wait(30) and sum(emitted) < 512  # stopped, not run to its end
+        assert wait_until(lambda: runs() == 0)
         assert len(client.predict("Hi", max_new_tokens=8, api_name="/complete")["token_ids"]) == 8
     finally:
         close_blocks(blocks)
