@@ -29,9 +29,8 @@ from transformers import PreTrainedTokenizerBase
 
 from specdec.distill.recipe import Answer, Recipe, Stream, TrainConfig, choose_draft_vocab, distill_loss
 from specdec.distill.teacher import Shard, features_path, save_shard, shards_of, target_hidden
-from specdec.drafters.mamba import MambaState
 from specdec.drafters.mamba_feat import FeatConfig, MambaFeatDrafter, MambaFeatModel
-from specdec.drafters.mixer import mixer_forward
+from specdec.drafters.mixer import blocks_forward
 from specdec.models import LoadedModel, cpu_has_native_bf16
 from specdec.vocab import load_draft_vocab
 
@@ -101,10 +100,7 @@ class FeatStream(Stream):
 # --- the model's forward and loss -------------------------------------------------------------------------------
 def guesses(model: MambaFeatModel, embedding: torch.Tensor, ids: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
     """Teacher-forced f̂ [B, L, D] for ids [B, L] with the input features `previous` [B, L, D] (trainable path)."""
-    h = model.fuse(embedding[ids], previous)
-    for block in model.layers:
-        h = h + mixer_forward(block.mixer, block.norm(h))
-    return model.read_out(h)
+    return model.read_out(blocks_forward(model.layers, model.fuse(embedding[ids], previous)))
 
 
 def feat_loss(model: MambaFeatModel, embedding: torch.Tensor, head: torch.Tensor, batch: tuple,
@@ -196,10 +192,8 @@ class Features(Recipe):
     def decode_step(self, model: MambaFeatModel, folder: Path, target: LoadedModel,
                     context: list[int]) -> Callable[[], object]:
         drafter = MambaFeatDrafter(model, target.model, load_draft_vocab(str(folder)))
-        cfg = model.config
-        state = MambaState(torch.zeros(cfg.layers, 1, cfg.hidden * cfg.expand, cfg.conv_kernel),
-                           torch.zeros(cfg.layers, 1, cfg.hidden * cfg.expand, cfg.state_size))
-        token, feature = torch.tensor([context[-1]]), torch.zeros(1, cfg.target_hidden)
+        state = drafter.stack.zeros(1, drafter.device)
+        token, feature = torch.tensor([context[-1]]), torch.zeros(1, model.config.target_hidden)
         return lambda: drafter.step(token, feature, state)
 
     # --- the model card -----------------------------------------------------------------------------------------

@@ -18,8 +18,8 @@ from transformers import (AutoConfig, LlamaConfig, LlamaForCausalLM, MambaConfig
 
 from specdec.distill.recipe import Answer, Recipe, TrainConfig, choose_draft_vocab, distill_loss
 from specdec.distill.teacher import Shard
-from specdec.drafters.mamba import MambaDrafter, MambaState
-from specdec.drafters.mixer import mixer_forward
+from specdec.drafters.mamba import MambaDrafter
+from specdec.drafters.mixer import blocks_forward
 from specdec.kvcache import TreeLM
 from specdec.models import LoadedModel
 from specdec.vocab import load_draft_vocab
@@ -54,10 +54,7 @@ def project_embedding(target_embedding: torch.Tensor, dim: int, std: float = 0.0
 def mamba_hidden(model: MambaForCausalLM, input_ids: torch.Tensor) -> torch.Tensor:
     """Final hidden states [b, l, d] of a Mamba LM, as `model.backbone` computes them but trainable on a CPU."""
     backbone = model.backbone
-    h = backbone.embeddings(input_ids)
-    for block in backbone.layers:
-        h = h + mixer_forward(block.mixer, block.norm(h))
-    return backbone.norm_f(h)
+    return backbone.norm_f(blocks_forward(backbone.layers, backbone.embeddings(input_ids)))
 
 
 def draft_logits(model: PreTrainedModel, input_ids: torch.Tensor, draft_ids: torch.Tensor) -> torch.Tensor:
@@ -92,7 +89,7 @@ def decode_step(model: PreTrainedModel, folder: Path | None, context: list[int])
     `draft_vocab.json`), or a KV-cached forward of one token."""
     if model.config.model_type == "mamba":
         drafter = MambaDrafter.from_folder(model, model.config.vocab_size, str(folder) if folder else None)
-        state, token = MambaState.zeros(model, 1), torch.tensor([context[-1]])
+        state, token = drafter.stack.zeros(1, drafter.device), torch.tensor([context[-1]])
         return lambda: drafter.step(token, state)
     lm = TreeLM(model)
     lm.feed(context)

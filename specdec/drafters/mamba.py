@@ -50,12 +50,17 @@ class MambaState:
     ssm: torch.Tensor
 
     @classmethod
+    def empty(cls, layers: int, rows: int, d_in: int, kernel: int, size: int, device: torch.device) -> MambaState:
+        """Zero states of `rows` rows."""
+        return cls(torch.zeros(layers, rows, d_in, kernel, device=device),
+                   torch.zeros(layers, rows, d_in, size, device=device))
+
+    @classmethod
     def zeros(cls, model: MambaForCausalLM, rows: int) -> MambaState:
-        cfg, device = model.config, model.device
-        d_in = cfg.intermediate_size
-        conv = torch.zeros(cfg.num_hidden_layers, rows, d_in, cfg.conv_kernel, device=device)
-        ssm = torch.zeros(cfg.num_hidden_layers, rows, d_in, cfg.state_size, device=device)
-        return cls(conv, ssm)
+        """Zero states of `rows` rows for a Hugging Face Mamba LM."""
+        cfg = model.config
+        return cls.empty(cfg.num_hidden_layers, rows, cfg.intermediate_size, cfg.conv_kernel, cfg.state_size,
+                         model.device)
 
     def select(self, rows: torch.Tensor) -> MambaState:
         return MambaState(self.conv[:, rows], self.ssm[:, rows])  # copies
@@ -67,6 +72,48 @@ class MambaState:
     @property
     def nbytes(self) -> int:
         return self.conv.nbytes + self.ssm.nbytes
+
+
+class MambaStack:
+    """A drafter's Mamba blocks as its steps read them (per layer: the norm, the mixer's weights, whether the
+    residual is kept in float32), shared by the plug-in and the feature drafter: state buffers, a batched step of
+    one token per row, and a sequence pass from a kept state or from zero."""
+
+    def __init__(self, blocks: Sequence[torch.nn.Module], state_size: int, conv_kernel: int) -> None:
+        self.blocks = list(blocks)
+        self.layers = [(b.norm.weight, b.norm.variance_epsilon, mixer_weights(b.mixer)) for b in self.blocks]
+        self.fp32_residual = [b.residual_in_fp32 for b in self.blocks]
+        self.state_shape = (self.blocks[0].mixer.intermediate_size, conv_kernel, state_size)  # d_in, K, N
+
+    def zeros(self, rows: int, device: torch.device) -> MambaState:
+        return MambaState.empty(len(self.blocks), rows, *self.state_shape, device)
+
+    def step(self, h: torch.Tensor, state: MambaState, mixer_step: Callable = mixer_step_ref) -> torch.Tensor:
+        """h [B, d], one token per row, through every layer (as MambaBlock.forward); the B rows of `state` are
+        stepped in place -> the last layer's output [B, d]."""
+        for layer, (norm, eps, weights) in enumerate(self.layers):
+            x = rms_norm(h, norm, eps)
+            residual = h.float() if self.fp32_residual[layer] else h
+            h = residual + mixer_step(weights, x, state.conv[layer], state.ssm[layer])
+        return h
+
+    def sequence(self, h: torch.Tensor, state: MambaState | None = None) -> tuple[torch.Tensor, MambaState]:
+        """h [1, l, d], a sequence, through every layer from `state` (one row, updated in place) or from zero (a new
+        state) -> (the last layer's outputs [1, l, d], the state after the last token)."""
+        conv, ssm = [], []
+        for layer, block in enumerate(self.blocks):
+            x = block.norm(h.to(block.norm.weight.dtype))
+            residual = h.float() if block.residual_in_fp32 else h
+            kept = None if state is None else (state.conv[layer], state.ssm[layer])
+            out, (window, s) = mixer_sequence(block.mixer, x, state=kept)
+            if state is None:
+                conv.append(window)
+                ssm.append(s)
+            else:
+                state.conv[layer].copy_(window)
+                state.ssm[layer].copy_(s)
+            h = residual + out
+        return h, MambaState(torch.stack(conv), torch.stack(ssm)) if state is None else state
 
 
 def draft_tree(root: int, root_logits: torch.Tensor, buffers: MambaState, shape: TreeShape, sampler: Sampler,
@@ -115,9 +162,7 @@ class MambaDrafter(Drafter):
         self.mixer_step = mixer_step_kernel if (kernels_available(self.device) if use_kernels is None
                                                 else use_kernels) else mixer_step_ref
         backbone = model.backbone
-        # (RMSNorm weight, eps, the mixer's weights) per layer, then the final norm's: what a step reads
-        self.layers = [(b.norm.weight, b.norm.variance_epsilon, mixer_weights(b.mixer)) for b in backbone.layers]
-        self.residual_in_fp32 = [b.residual_in_fp32 for b in backbone.layers]
+        self.stack = MambaStack(backbone.layers, model.config.state_size, model.config.conv_kernel)
         self.norm_f = (backbone.norm_f.weight, backbone.norm_f.variance_epsilon)
         weight = model.get_output_embeddings().weight  # [V_d, d]
         if head_ids is not None and int(head_ids.max()) >= min(len(weight), vocab_size):
@@ -157,10 +202,7 @@ class MambaDrafter(Drafter):
         """`step` in plain PyTorch, kernel by kernel: the reference the CUDA graphs record and are checked against."""
         # a target token the drafter has no embedding for only makes drafting worse, never inexact
         h = self.model.backbone.embeddings(tokens.clamp_max(self.max_input_id))  # [B, d]
-        for layer, (norm, eps, weights) in enumerate(self.layers):  # as MambaBlock.forward, one token per row
-            x = rms_norm(h, norm, eps)
-            residual = h.float() if self.residual_in_fp32[layer] else h
-            h = residual + self.mixer_step(weights, x, state.conv[layer], state.ssm[layer])
+        h = self.stack.step(h, state, self.mixer_step)
         return self._logits(h) if logits else None
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -180,28 +222,21 @@ class MambaDrafter(Drafter):
             for token in tokens[:-1]:
                 self.step(torch.tensor([token], device=self.device), state, logits=False)
             return self.step(torch.tensor(tokens[-1:], device=self.device), state)[0]
-        backbone = self.model.backbone
-        h = backbone.embeddings(torch.tensor([tokens], device=self.device).clamp_max(self.max_input_id))  # [1, l, d]
-        for layer, block in enumerate(backbone.layers):
-            x = block.norm(h.to(block.norm.weight.dtype))
-            residual = h.float() if block.residual_in_fp32 else h
-            out, (window, s) = mixer_sequence(block.mixer, x, state=(state.conv[layer], state.ssm[layer]))
-            state.conv[layer].copy_(window)
-            state.ssm[layer].copy_(s)
-            h = residual + out
+        ids = torch.tensor([tokens], device=self.device).clamp_max(self.max_input_id)
+        h, _ = self.stack.sequence(self.model.backbone.embeddings(ids), state)  # [1, l, d]
         return self._logits(h[:, -1])[0]
 
     @torch.inference_mode()
     def prefill(self, context: list[int]) -> tuple[MambaState, torch.Tensor]:
         """Run the prompt from a zero state (`feed`: one sequence pass of every layer) -> (state of 1 row, logits
         [V])."""
-        state = MambaState.zeros(self.model, 1)
+        state = self.stack.zeros(1, self.device)
         return state, self.feed(context, state)
 
     # --- the Drafter interface ----------------------------------------------------------------------------
     def start(self, context: list[int], max_nodes: int, features: torch.Tensor | None = None) -> None:
         root_state, self.root_logits = self.prefill(context)
-        self.buffers = MambaState.zeros(self.model, max_nodes + 1)  # row i = state after node i's token
+        self.buffers = self.stack.zeros(max_nodes + 1, self.device)  # row i = state after node i's token
         self.buffers.write(torch.tensor([0], device=self.device), root_state)
         self.root = context[-1]
         self.unfed: list[int] = []  # accepted tokens row 0's state has not seen, the root last (empty: up to date)

@@ -38,8 +38,7 @@ from transformers import MambaConfig
 from transformers.models.mamba.modeling_mamba import MambaBlock, MambaRMSNorm
 
 from specdec.drafters.base import Drafter, DraftTree, Sampler
-from specdec.drafters.mamba import MambaState, deepest_stepped, draft_tree
-from specdec.drafters.mixer import mixer_sequence, mixer_step_ref, mixer_weights, rms_norm
+from specdec.drafters.mamba import MambaStack, MambaState, deepest_stepped, draft_tree
 from specdec.models import LoadedModel, load_feat_drafter
 from specdec.packed import head_linear
 from specdec.tree import TreeShape
@@ -150,8 +149,7 @@ class MambaFeatDrafter(Drafter):
         self.head_ids = head_ids.to(self.device)
         self.head = head_linear(head.detach()[self.head_ids].to(model.dtype))  # [H, D]: the draft vocabulary's rows
         self.zero_feature = torch.zeros(model.config.target_hidden, device=self.device)
-        # (RMSNorm weight, eps, the mixer's weights) per layer: what a step reads
-        self.layers = [(b.norm.weight, b.norm.variance_epsilon, mixer_weights(b.mixer)) for b in model.layers]
+        self.stack = MambaStack(model.layers, model.config.state_size, model.config.conv_kernel)
 
     @staticmethod
     def load(spec: str, device: torch.device, dtype: torch.dtype, target: LoadedModel) -> LoadedModel:
@@ -169,9 +167,7 @@ class MambaFeatDrafter(Drafter):
 
         Returns (f̂ [B, D], logits [B, V] over the target's vocabulary, -inf outside the draft head) or None.
         """
-        h = self.model.fuse(self.embedding(tokens), features)  # [B, d]
-        for layer, (norm, eps, weights) in enumerate(self.layers):
-            h = h.float() + mixer_step_ref(weights, rms_norm(h, norm, eps), state.conv[layer], state.ssm[layer])
+        h = self.stack.step(self.model.fuse(self.embedding(tokens), features), state)  # [B, d]
         if not logits:
             return None
         guess = self.model.read_out(h)  # [B, D]
@@ -189,26 +185,17 @@ class MambaFeatDrafter(Drafter):
         previous = torch.zeros(len(context), self.model.config.target_hidden, device=self.device)
         if features is not None and len(features):
             previous[1: len(features) + 1] = features[: len(context) - 1].to(previous.device)
-        h = self.model.fuse(self.embedding(ids), previous)[None]  # [1, P, d]
-        conv, ssm = [], []
-        for block in self.model.layers:
-            out, (c, s) = mixer_sequence(block.mixer, block.norm(h.to(block.norm.weight.dtype)))
-            h = h.float() + out
-            conv.append(c)
-            ssm.append(s)
+        h, state = self.stack.sequence(self.model.fuse(self.embedding(ids), previous)[None])  # [1, P, d]
         guess = self.model.read_out(h[0, -1])
         scores = self.head(guess.to(self.head.weight.dtype)).float()
-        return MambaState(torch.stack(conv), torch.stack(ssm)), guess, scores_to_logits(scores, self.head_ids,
-                                                                                          self.vocab_size)
+        return state, guess, scores_to_logits(scores, self.head_ids, self.vocab_size)
 
     # --- the Drafter interface ----------------------------------------------------------------------------
     def start(self, context: list[int], max_nodes: int, features: torch.Tensor | None = None) -> None:
         root_state, root_guess, self.root_logits = self.prefill(context, features)
-        cfg = self.model.config
-        self.buffers = MambaState(
-            torch.zeros(cfg.layers, max_nodes + 1, cfg.hidden * cfg.expand, cfg.conv_kernel, device=self.device),
-            torch.zeros(cfg.layers, max_nodes + 1, cfg.hidden * cfg.expand, cfg.state_size, device=self.device))
-        self.guesses = torch.zeros(max_nodes + 1, cfg.target_hidden, dtype=self.model.dtype, device=self.device)
+        self.buffers = self.stack.zeros(max_nodes + 1, self.device)
+        self.guesses = torch.zeros(max_nodes + 1, self.model.config.target_hidden, dtype=self.model.dtype,
+                                   device=self.device)
         self.buffers.write(torch.tensor([0], device=self.device), root_state)
         self.guesses[0] = root_guess
         self.root, self.tokens = context[-1], [context[-1]]

@@ -228,6 +228,13 @@ def mixer_forward(mixer, hidden: torch.Tensor) -> torch.Tensor:
     return mixer_sequence(mixer, hidden, selective_scan)[0]
 
 
+def blocks_forward(blocks, hidden: torch.Tensor) -> torch.Tensor:
+    """[b, l, d] through Mamba blocks (each: norm, mixer, residual) on the trainable path -> [b, l, d]."""
+    for block in blocks:
+        hidden = hidden + mixer_forward(block.mixer, block.norm(hidden))
+    return hidden
+
+
 class SelectiveScan(torch.autograd.Function):
     """Mamba's selective scan with its own backward, one time step at a time on [b, d_in, n] blocks.
 
