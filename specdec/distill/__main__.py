@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from specdec.distill.train import RECIPES
 from specdec.models import ASSETS, DEFAULT_TARGET, cpu_has_native_bf16, load_model
 
 
@@ -230,7 +231,7 @@ def _teacher_options(teacher: argparse._ArgumentGroup) -> None:
 
 
 def _train_options(train: argparse._ArgumentGroup) -> None:
-    train.add_argument("--arch", choices=["mamba", "transformer", "mamba-feat"], default="mamba",
+    train.add_argument("--arch", choices=list(RECIPES), default="mamba",
                        help="mamba-feat: the drafter reading the target's hidden state (run the features stage)")
     train.add_argument("--name", default="mamba-smollm2", help="run name; export folder assets/drafters/NAME")
     train.add_argument("--minutes", type=float, default=60.0, help="training wall-time budget")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from specdec import registry
 from specdec.config import WHOLE_SHAPES, GenerationConfig
 from specdec.distill.corpus import read_prompts
 from specdec.distill.plugin import decode_step
@@ -53,7 +54,7 @@ def run_engine(models: Models, method: str, prompts: list, max_new_tokens: int) 
 
 def engine_report(models: Models, kind: str, prompts: list, max_new_tokens: int) -> dict:
     """Greedy chain-of-4 speculative decoding against target-only decoding on the same prompts."""
-    method = {"mamba": "mamba-chain", "mamba-feat": "mamba-feat-chain", "xmamba": "xmamba-chain"}.get(kind, "tf-chain")
+    method = next(method for method, policy in registry.kind(kind).methods.items() if policy == "chain")
     sd = run_engine(models, method, prompts, max_new_tokens)
     ar = run_engine(models, "ar", prompts, max_new_tokens)
     by_domain: dict[str, list[float]] = {}

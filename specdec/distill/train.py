@@ -44,6 +44,13 @@ def reuse_freed_memory() -> bool:
     return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))
 
 
+RECIPES = {  # `--arch` -> the recipe, given the target's E and H
+    "mamba": lambda embedding, head: PlugIn("mamba", embedding),
+    "transformer": lambda embedding, head: PlugIn("transformer", embedding),
+    "mamba-feat": lambda embedding, head: Features(embedding, head),
+}
+
+
 def recipe_for(arch: str, target_embedding: torch.Tensor | None = None, target_head: torch.Tensor | None = None,
                tokenizer: str | None = None, target_tokenizer=None) -> Recipe:
     """The recipe `--arch` (with `--tokenizer`) names, reading the target's E and H [V, D] where it needs them;
@@ -54,11 +61,9 @@ def recipe_for(arch: str, target_embedding: torch.Tensor | None = None, target_h
         from specdec.distill.cross import CrossPlugIn
 
         return CrossPlugIn(tokenizer, target_embedding, target_tokenizer)
-    if arch == "mamba-feat":
-        return Features(target_embedding, target_head)
-    if arch in ("mamba", "transformer"):
-        return PlugIn(arch, target_embedding)
-    raise ValueError(f"no training recipe {arch!r}")
+    if arch not in RECIPES:
+        raise ValueError(f"no training recipe {arch!r}")
+    return RECIPES[arch](target_embedding, target_head)
 
 
 def learning_rate(config: TrainConfig, step: int, progress: float) -> float:
