@@ -532,33 +532,19 @@ class Models:
         return KINDS[role].implementation_class().load(spec, self.device, dtype, target)
 
 
-def load_feat_drafter(spec: str, device: torch.device, dtype: torch.dtype, target: LoadedModel) -> LoadedModel:
-    """A `mamba-feat` drafter (`specdec.drafters.mamba_feat`) from a preset, a local folder or a hub id; it must
-    have been trained on `target`'s features (same hidden size, draft ids inside its vocabulary)."""
-    from specdec.drafters.mamba_feat import MambaFeatModel, is_feat_folder
-
+def drafter_folder(spec: str, kind: str) -> Path:
+    """The folder of a drafter that is not a transformers model of its own (a preset's, a local folder, or a hub
+    id's snapshot of `SHIPPED_DRAFTER_FILES`); `kind` names it in the sentence a bad spec gets."""
     preset = PRESETS.get(spec)
     if preset and preset.folder:
-        folder = _preset_folder(spec, preset)
-    elif Path(spec).expanduser().is_dir():
-        folder = Path(spec).expanduser()
-    elif _HUB_ID.match(spec):
+        return _preset_folder(spec, preset)
+    if Path(spec).expanduser().is_dir():
+        return Path(spec).expanduser()
+    if _HUB_ID.match(spec):
         why = _hub_unreachable(spec)
         if why:
             raise ModelLoadError(f"model {spec!r} cannot be loaded: {why}")
         from huggingface_hub import snapshot_download
 
-        folder = Path(snapshot_download(spec, allow_patterns=list(SHIPPED_DRAFTER_FILES)))
-    else:
-        raise ModelLoadError(f"unknown drafter {spec!r}: a mamba-feat drafter is a preset, a local folder or a hub id")
-    if not is_feat_folder(folder):
-        raise ModelLoadError(f"{spec!r} is not a mamba-feat drafter (its config.json has another model_type); "
-                             "train one with `python -m specdec.distill train --arch mamba-feat`")
-    try:
-        model = MambaFeatModel.load(folder)
-    except (OSError, ValueError, KeyError, RuntimeError) as err:
-        raise ModelLoadError(f"could not load drafter {spec!r}: {str(err).strip().splitlines()[0]}") from err
-    if model.config.target_hidden != target.model.config.hidden_size:
-        raise ModelLoadError(f"drafter {spec!r} reads features of width {model.config.target_hidden}, but target "
-                             f"{target.name!r} has hidden size {target.model.config.hidden_size}")
-    return LoadedModel(spec, model.to(device=device, dtype=dtype), None, str(folder))
+        return Path(snapshot_download(spec, allow_patterns=list(SHIPPED_DRAFTER_FILES)))
+    raise ModelLoadError(f"unknown drafter {spec!r}: a {kind} drafter is a preset, a local folder or a hub id")

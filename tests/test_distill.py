@@ -394,7 +394,8 @@ def test_feature_drafter_evaluates_and_exports_a_loadable_folder(data, tmp_path)
     """evaluate -> export for `--arch mamba-feat` on tiny models: a card with the measured figures and a folder the
     engine's loader takes."""
     from specdec.distill.evaluate import evaluate
-    from specdec.models import LoadedModel, load_feat_drafter
+    from specdec.drafters.mamba_feat import load_feat_drafter
+    from specdec.models import LoadedModel
 
     out, model, tokenizer = data
     teacher_dir = feat_teacher(data, tmp_path)

@@ -17,3 +17,14 @@ def test_no_function_is_longer_than_sixty_lines():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
             and node.end_lineno - node.lineno + 1 > MAX_LINES]
     assert not long, "split these functions:\n" + "\n".join(long)
+
+
+def test_loading_models_does_not_import_the_drafters():
+    """The import circle stays cut: `specdec.models` (presets, `load_model`, `LoadedModel`, `Models`) reaches the
+    drafters only through the registry, when a drafter is loaded."""
+    import subprocess
+    import sys
+
+    code = ("import sys, specdec.models; "
+            "assert not [m for m in sys.modules if m.startswith('specdec.drafters')], 'specdec.models imported a drafter'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

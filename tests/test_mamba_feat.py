@@ -12,7 +12,8 @@ from specdec.drafters.base import Sampler
 from specdec.drafters.mamba import MambaState
 from specdec.drafters.mamba_feat import FeatConfig, MambaFeatDrafter, MambaFeatModel
 from specdec.engine import generate
-from specdec.models import LoadedModel, ModelLoadError, Models, load_feat_drafter
+from specdec.drafters.mamba_feat import load_feat_drafter
+from specdec.models import LoadedModel, ModelLoadError, Models
 from specdec.tree import parse_shape
 from tests.tiny import TinyTokenizer, tiny_feat, tiny_llama
 

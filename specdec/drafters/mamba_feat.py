@@ -39,7 +39,7 @@ from transformers.models.mamba.modeling_mamba import MambaBlock, MambaRMSNorm
 
 from specdec.drafters.base import Drafter, DraftTree, Sampler
 from specdec.drafters.mamba import MambaStack, MambaState, deepest_stepped, draft_tree
-from specdec.models import LoadedModel, load_feat_drafter
+from specdec.models import LoadedModel, ModelLoadError, drafter_folder
 from specdec.packed import head_linear
 from specdec.tree import TreeShape
 from specdec.vocab import load_draft_vocab, scatter_head
@@ -239,3 +239,20 @@ class MambaFeatDrafter(Drafter):
 
 def scores_to_logits(scores: torch.Tensor, head_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return scatter_head(scores, head_ids, vocab_size)
+
+
+def load_feat_drafter(spec: str, device: torch.device, dtype: torch.dtype, target: LoadedModel) -> LoadedModel:
+    """A `mamba-feat` drafter from a preset, a local folder or a hub id; it must have been trained on `target`'s
+    features (same hidden size, draft ids inside its vocabulary)."""
+    folder = drafter_folder(spec, "mamba-feat")
+    if not is_feat_folder(folder):
+        raise ModelLoadError(f"{spec!r} is not a mamba-feat drafter (its config.json has another model_type); "
+                             "train one with `python -m specdec.distill train --arch mamba-feat`")
+    try:
+        model = MambaFeatModel.load(folder)
+    except (OSError, ValueError, KeyError, RuntimeError) as err:
+        raise ModelLoadError(f"could not load drafter {spec!r}: {str(err).strip().splitlines()[0]}") from err
+    if model.config.target_hidden != target.model.config.hidden_size:
+        raise ModelLoadError(f"drafter {spec!r} reads features of width {model.config.target_hidden}, but target "
+                             f"{target.name!r} has hidden size {target.model.config.hidden_size}")
+    return LoadedModel(spec, model.to(device=device, dtype=dtype), None, str(folder))
