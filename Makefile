@@ -27,7 +27,7 @@ demo: $(VENV)/.runtime
 
 test: $(VENV)/.test
 	sh scripts/ensure_chromium.sh  # Debian's chromium for the browser test (tests/e2e)
-	HF_HUB_OFFLINE=1 SPECDEC_REQUIRE_BROWSER=1 $(PY) -m pytest -q --durations=12
+	HF_HUB_OFFLINE=1 SPECDEC_REQUIRE_BROWSER=1 SPECDEC_REQUIRE_EXACT=1 $(PY) -m pytest -q --durations=12
 
 test-fast: $(VENV)/.test  # the tiny models only: no real model, no app process, no browser
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not full" --durations=5

@@ -14,7 +14,7 @@ import time
 import torch
 from transformers import DynamicCache
 
-from specdec.kvcache import TreeLM
+from specdec.verify import TreeLM
 from specdec.models import Models
 
 

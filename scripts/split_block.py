@@ -14,8 +14,9 @@ import time
 
 import torch
 
-import specdec.kvcache as kvcache
-from specdec.kvcache import SPLIT_MARGIN, TreeLM
+import specdec.verify.split as split
+from specdec.verify import TreeLM
+from specdec.verify.split import SPLIT_MARGIN
 from specdec.models import Models
 
 PASSES = {"chain 5": list(range(-1, 4)), "chain 7": list(range(-1, 6)), "tree (2,1,1)": [-1, 0, 0, 1, 2, 3, 4]}
@@ -24,7 +25,7 @@ POSITIONS = 64
 
 def use_block(block: int) -> None:
     """The split layout's cut for passes planned from now on (a pass reads the module's constants)."""
-    kvcache.SPLIT_BLOCK, kvcache.TAIL = block, block + SPLIT_MARGIN
+    split.SPLIT_BLOCK, split.TAIL = block, block + SPLIT_MARGIN
 
 
 def main() -> None:

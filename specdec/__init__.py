@@ -14,5 +14,5 @@ import os
 # attention changed with the thread that computed it, that is with the other rows of the call. MKL's Conditional
 # Numerical Reproducibility mode makes its results independent of alignment; MKL reads it at its first call, so it
 # is set when the package is imported (a process that ran float32 matmuls before that keeps MKL's default, and the
-# attention probe, `specdec.kvcache.probe_attention_mode`, says so).
+# attention probe, `specdec.probes.probe_attention_mode`, says so).
 os.environ.setdefault("MKL_CBWR", "AUTO")

@@ -440,9 +440,9 @@ def _relative(res: dict, ar: dict) -> None:
 
 
 def verifier_layout(models: Models) -> str:
-    from specdec.kvcache import row_invariant_by_default
+    from specdec.verify import backend_for
 
-    return "row-invariant" if row_invariant_by_default(models.device) else "block"
+    return "row-invariant" if backend_for(models.target.model).row_invariant else "block"
 
 
 VECTOR_KINDS = (("amx_tile", "AMX"), ("avx512_bf16", "AVX-512 with BF16"), ("avx512f", "AVX-512"),
@@ -605,14 +605,14 @@ def verification_cost(models: Models, contexts: list[int], sizes: list[int], rep
 
     The engine's own verifier (`make_verifier`: the row-invariant layout on a CPU, as the engine runs it); every size
     is timed round-robin after a warm-up, `repeats` times, the context one token longer each time. The row-invariant
-    layout cuts each row's keys at `kvcache.head_end` of the row's position, and a pass whose rows straddle such a
+    layout cuts each row's keys at `specdec.verify.split.head_end` of the row's position, and a pass whose rows straddle such a
     cut reads the shared prefix once per cut; so the cost depends on where in the block the pass starts, and the
     mean over consecutive positions (every place in the block: `repeats` defaults to `SPLIT_BLOCK`) is what
     decoding pays on average. The cost at the context length itself is kept beside it as
     `at_length`.
     """
     from specdec.engine import make_verifier
-    from specdec.kvcache import SPLIT_BLOCK
+    from specdec.verify.split import SPLIT_BLOCK
 
     repeats = repeats or SPLIT_BLOCK
     target = models.target
@@ -670,7 +670,7 @@ def context_study(models: Models, lengths: list[int], steps: int = 200, log=prin
     each length), so a machine that drifts during the study slows every length alike; latency is the median.
     """
     from specdec.drafters import MambaDrafter
-    from specdec.kvcache import TreeLM
+    from specdec.verify import TreeLM
     from specdec.vocab import load_draft_vocab
 
     target = models.target

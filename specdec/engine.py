@@ -21,7 +21,7 @@ from specdec import registry
 from specdec.bandit import UCBBandit, depth_outcomes
 from specdec.config import GenerationConfig
 from specdec.drafters import Drafter, DraftTree, LookupBranch, Sampler
-from specdec.kvcache import TreeLM
+from specdec.verify import TreeLM
 from specdec.models import LoadedModel, Models
 from specdec.records import EmittedToken, RoundRecord, Summary, TreeNode
 from specdec.sampling import Acceptance, accept_greedy, accept_sampling, logits_to_probs

@@ -191,7 +191,7 @@ def verify_once(lm, tokens: list[int], parents: list[int]) -> None:
 def time_verification(model, plan: Plan, target: str, dtype_name: str, on_row: Callable[[dict], None]) -> None:
     """ms of one `extend` over n tree tokens (a binary tree: node i's parent is (i-1)//2), for n = 1..16, and of
     transformers' own decode step on the same context (what the host costs a step, whatever the engine does)."""
-    from specdec.kvcache import TreeLM
+    from specdec.verify import TreeLM
 
     context = [(7 * i) % 256 for i in range(plan.context)]
     reference = transformers_step_ms(model, context, plan)  # before TreeLM swaps in its attention

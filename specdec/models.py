@@ -8,21 +8,21 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import platform
 import re
 import socket
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlparse
 
 import torch
 from safetensors.torch import save_model
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from specdec.packed import PACKED_DTYPES, SMALL_WEIGHTS, pack_linears, probe_min_rows
+from specdec import probes
+from specdec.packed import PACKED_DTYPES, SMALL_WEIGHTS, pack_linears
+from specdec.probes import cpu_has_native_bf16  # noqa: F401 (where the distillation pipeline reads it)
 from specdec.registry import KINDS, MODEL_KINDS
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -108,101 +108,31 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
            "float16": torch.float16, "fp16": torch.float16}
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """`auto`: bfloat16 on CUDA; on a CPU, see `cpu_auto_dtype`."""
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
+    """`auto`: bfloat16 on CUDA, float32 on MPS; on a CPU None, decided per model when it loads (`cpu_auto_dtype`)."""
     if dtype == "auto":
         if device.type == "cuda":
             return torch.bfloat16
-        return cpu_auto_dtype() if device.type == "cpu" else torch.float32
+        return None if device.type == "cpu" else torch.float32
     if dtype not in _DTYPES:
         raise ModelLoadError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
     return _DTYPES[dtype]
 
 
-_PROBE_VERSION = 7  # bump when what `cpu_kernels` probes changes, so every machine probes again
+def cpu_auto_dtype(config) -> torch.dtype:
+    """A model's `auto` dtype on this CPU, from its config (before its weights load): bfloat16 where it is exact and
+    fast by construction, float32 elsewhere.
 
-
-def cpu_kernels() -> dict:
-    """What this CPU's kernels give the verifier, probed once per machine and kept: the `auto` dtype and, per
-    packable dtype, the fewest rows from which packed linears are row-invariant (`specdec.packed.probe_min_rows`).
-
-    `auto` is bfloat16 where it is exact and fast by construction: the CPU multiplies bf16 natively (AVX512-BF16
-    or AMX) and its packed bf16 linears are row-invariant, so the verifier's logits are bitwise those of single
-    decode steps, and packing removes the per-call weight reorder that makes a plain bf16 step no faster than
-    float32. Elsewhere float32, which is exact on every CPU whose packed float32 linears pass the same probe. The
-    decision uses no timing: a timing taken while the machine is busy (a test suite, another tenant) could keep the
-    slower precision for good.
+    bfloat16 where the CPU multiplies bf16 natively (AVX512-BF16 or AMX) and its packed bf16 linears of this model's
+    shapes are row-invariant (`specdec.probes.linear_min_rows`), so the verifier's logits are bitwise those of
+    single decode steps, and packing removes the per-call weight reorder that makes a plain bf16 step no faster than
+    float32. float32 is exact on every CPU whose packed float32 linears pass the same probe. The decision uses no
+    timing: a timing taken while the machine is busy could keep the slower precision for good; the probe's answers
+    are kept per machine, so it cannot flip between runs either.
     """
-
-    def probe() -> dict:
-        native = cpu_has_native_bf16()
-        rows = {"bfloat16": probe_min_rows(torch.bfloat16) if native else None,
-                "float32": probe_min_rows(torch.float32)}
-        return {"dtype": "bfloat16" if rows["bfloat16"] else "float32", "native_bf16": native, "min_rows": rows}
-
-    return kept("kernels", probe)
-
-
-def kept(name: str, probe: Callable[[], Any]) -> Any:
-    """This machine's answer to one kernel probe (`probe()` the first time, then what it returned, from
-    `probe_file()`).
-
-    The answers change which tokens greedy decoding prints (each precision and kernel is exact to itself, not to
-    the others), so they must not flip between runs on one machine: they are kept keyed by the CPU, torch's version,
-    its kernel capability and the thread count, and every later process (the app, the CLI, the benchmark) reads
-    them. A process reads the file again only when it has changed.
-    """
-    key = f"{_cpu_name()}|torch {torch.__version__}|{torch.get_num_threads()} threads|{platform.machine()}|" \
-          f"{torch.backends.cpu.get_cpu_capability()}|probe {_PROBE_VERSION}"
-    path = probe_file()
-    try:
-        stamp = path.stat().st_mtime_ns
-    except OSError:
-        stamp = None
-    memo = _KEPT.get((path, key))
-    if memo is not None and memo[0] == stamp and name in memo[1]:
-        return memo[1][name]
-    try:
-        known = json.loads(path.read_text())
-    except (OSError, ValueError):
-        known = {}
-    answers = known.setdefault(key, {})
-    if name not in answers:
-        answers[name] = probe()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_suffix(f".{os.getpid()}.tmp")
-            partial.write_text(json.dumps(known, indent=1))
-            partial.replace(path)  # atomic: a process reading it sees the old or the new file, whole
-            stamp = path.stat().st_mtime_ns
-        except OSError:
-            stamp = None  # a read-only home: decide again next time
-    _KEPT[(path, key)] = (stamp, answers)
-    return answers[name]
-
-
-_KEPT: dict[tuple[Path, str], tuple[int | None, dict]] = {}  # (file, key) -> (its mtime, its answers)
-
-
-def cpu_auto_dtype() -> torch.dtype:
-    """The target's `auto` dtype on this CPU (`cpu_kernels`)."""
-    return _DTYPES[cpu_kernels()["dtype"]]
-
-
-def row_invariant(dtype: torch.dtype) -> bool:
-    """Whether this CPU's packed linears of `dtype` are row-invariant, so the verifier is bit-exact in it."""
-    return dtype in PACKED_DTYPES and cpu_kernels()["min_rows"][dtype_name(dtype)] is not None
-
-
-def packed_min_rows(dtype: torch.dtype) -> int:
-    """The rows a packed linear of `dtype` pads a smaller input to on this CPU (1 where the probe found none)."""
-    if dtype not in PACKED_DTYPES:
-        return 1
-    return cpu_kernels()["min_rows"][dtype_name(dtype)] or 1
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+    with torch.device("meta"):  # the shapes only: no memory, no initialisation
+        shapes = probes.linear_shapes(AutoModelForCausalLM.from_config(config))
+    return torch.bfloat16 if probes.linear_min_rows(torch.bfloat16, shapes) else torch.float32
 
 
 def cache_dir() -> Path:
@@ -210,29 +140,6 @@ def cache_dir() -> Path:
     if os.environ.get("SPECDEC_CACHE"):
         return Path(os.environ["SPECDEC_CACHE"])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specdec"
-
-
-def probe_file() -> Path:
-    """Where `cpu_auto_dtype` keeps its answer."""
-    return cache_dir() / "cpu-dtype.json"
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def cpu_has_native_bf16() -> bool:
-    """Whether torch multiplies bfloat16 natively here: the CPU has AVX512-BF16 or AMX (torch's own feature probe)
-    and torch's kernels use AVX-512 (`ATEN_CPU_CAPABILITY=avx2` has them emulate bf16 instead)."""
-    if torch.backends.cpu.get_cpu_capability() != "AVX512":
-        return False
-    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
 def resolve_drafter_dtype(dtype: str, device: torch.device, target_dtype: torch.dtype) -> torch.dtype:
@@ -270,9 +177,11 @@ def build_random_model(kind: str, vocab_size: int, seed: int = 0) -> PreTrainedM
     return LlamaForCausalLM(config)
 
 
-def _from_pretrained(source: str, gguf_file: str | None, dtype: torch.dtype) -> tuple[PreTrainedModel, object]:
+def _from_pretrained(source: str, gguf_file: str | None,
+                     dtype: torch.dtype | None) -> tuple[PreTrainedModel, object]:
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     config = AutoConfig.from_pretrained(source, trust_remote_code=False, **kwargs)
+    dtype = dtype or cpu_auto_dtype(config)
     if config.model_type not in ATTENTION_FREE:  # the tree mask is a float mask, which sdpa and eager both take
         kwargs["attn_implementation"] = "sdpa"
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=False, **kwargs)
@@ -351,9 +260,10 @@ def _preset_folder(spec: str, preset: Preset) -> Path:
     return folder
 
 
-def load_model(spec: str, device: torch.device, dtype: torch.dtype, vocab_size: int | None = None,
+def load_model(spec: str, device: torch.device, dtype: torch.dtype | None, vocab_size: int | None = None,
                verified: bool = True) -> LoadedModel:
-    """Load a causal LM from a preset, folder, gguf file or hub id; `vocab_size` sizes random presets.
+    """Load a causal LM from a preset, folder, gguf file or hub id; `vocab_size` sizes random presets. `dtype` None:
+    the model's `auto` dtype on this CPU (`cpu_auto_dtype`).
 
     `verified=False` for a drafter: its rows need not be row-invariant, so its small linears stay plain (`_ready`).
     """
@@ -361,7 +271,8 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype, vocab_size: 
     try:
         if preset and preset.random:
             model = build_random_model(preset.random, vocab_size or 49152)
-            return LoadedModel(spec, _ready(model.to(dtype=dtype), device, verified), None, f"random {preset.random}")
+            model = model.to(dtype=dtype or cpu_auto_dtype(model.config))
+            return LoadedModel(spec, _ready(model, device, verified), None, f"random {preset.random}")
         if preset and preset.package:
             file = _package_file(*preset.package)
             source, gguf = (str(file.parent), file.name) if file else (preset.hub_id, None)
@@ -374,7 +285,7 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype, vocab_size: 
             model, tokenizer = _from_pretrained(str(converted), None, dtype)
         else:
             model, tokenizer = _from_pretrained(source, gguf, dtype)
-            if converted and dtype == torch.float32:  # kept exact: other dtypes read it and cast, as from GGUF
+            if converted and model.dtype == torch.float32:  # kept exact: other dtypes read it and cast, as from GGUF
                 _keep_converted(model, tokenizer, converted)
     except ModelLoadError:
         raise
@@ -391,7 +302,10 @@ def _ready(model: PreTrainedModel, device: torch.device, verified: bool = True) 
     verified (a drafter) keeps its small linears plain; a Transformer drafter's `TreeLM` packs them all."""
     model = model.to(device).eval()
     if device.type == "cpu" and model.dtype in PACKED_DTYPES:
-        pack_linears(model, packed_min_rows(model.dtype), 0 if verified else SMALL_WEIGHTS)
+        if verified:
+            pack_linears(model, probes.linear_min_rows(model.dtype, probes.linear_shapes(model)) or 1)
+        else:
+            pack_linears(model, 1, SMALL_WEIGHTS)
     return model
 
 
@@ -480,8 +394,8 @@ class Models:
                              f"{', '.join(MODEL_KINDS)}")
         self.specs = {"target": target, **{name: KINDS[name].model for name in MODEL_KINDS}, **(drafters or {})}
         self.device = resolve_device(device)
-        self.dtype = resolve_dtype(dtype, self.device)
-        self.drafter_dtype = resolve_drafter_dtype(drafter_dtype, self.device, self.dtype)
+        self._dtype = resolve_dtype(dtype, self.device)  # None: `auto` on a CPU, decided when the target loads
+        self.drafter_dtype = resolve_drafter_dtype(drafter_dtype, self.device, self._dtype)
         self.cuda_graphs = cuda_graphs
         self._loaded: dict[str, LoadedModel] = {}
         self._lock = threading.Lock()
@@ -492,9 +406,9 @@ class Models:
         drafters = dict(drafters or {})
         models = cls(target.name, {kind: loaded.name for kind, loaded in drafters.items()},
                      device=str(target.device), dtype="auto")
-        models.dtype = next(target.model.parameters()).dtype
+        models._dtype = next(target.model.parameters()).dtype
         first = next(iter(drafters.values()), None)
-        models.drafter_dtype = next(first.model.parameters()).dtype if first else models.dtype
+        models.drafter_dtype = next(first.model.parameters()).dtype if first else models._dtype
         models._loaded = {"target": target, **drafters}
         return models
 
@@ -505,6 +419,11 @@ class Models:
     @property
     def target(self) -> LoadedModel:
         return self.get("target")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The target's dtype (`auto` on a CPU is decided by the target's own shapes, so this loads it)."""
+        return self._dtype or next(self.target.model.parameters()).dtype
 
     def drafter(self, kind: str, progress: Callable[[str], None] | None = None) -> LoadedModel:
         if kind not in MODEL_KINDS:
@@ -519,11 +438,11 @@ class Models:
 
     def _load_locked(self, role: str, progress: Callable[[str], None] | None) -> LoadedModel:
         spec = self.specs[role]
-        dtype = self.dtype if role == "target" else self.drafter_dtype
+        dtype = self._dtype if role == "target" else self.drafter_dtype
         if progress:
-            progress(f"loading {role} {spec} on {self.device} ({str(dtype).removeprefix('torch.')})")
+            progress(f"loading {role} {spec} on {self.device} ({probes.dtype_name(dtype) if dtype else 'auto'})")
         if role == "target":
-            loaded = load_model(spec, self.device, self.dtype)
+            loaded = load_model(spec, self.device, self._dtype)
             if loaded.tokenizer is None:
                 raise ModelLoadError(f"target {spec!r} has no tokenizer")
             return loaded

@@ -11,42 +11,28 @@ invariant kernel a tree verifier needs. Packing is what PyTorch's own compiler d
 `PackedLinear` that keeps the original `weight` Parameter (tied weights stay tied, anything reading `.weight` still
 works) and a packed copy used by `forward`.
 
-Row invariance is a property of the CPU's kernels, so it is probed (`probe_min_rows`): on some CPUs every row count
-from 1 to `MAX_INVARIANT_ROWS` agrees; on others a lone row takes another kernel than two or more (float32 with an
-input width over 1024 on AVX-512 CPUs), and a layer then pads a one-row input to two rows, which costs about what
-one row does. `specdec.models.packed_min_rows` keeps the probe's answer per machine.
+Row invariance is a property of the CPU's kernels, so it is probed (`specdec.probes.probe_min_rows`): on some CPUs
+every row count from 1 to `MAX_INVARIANT_ROWS` agrees; on others a lone row takes another kernel than two or more
+(float32 with an input width over 1024 on AVX-512 CPUs), and a layer then pads a one-row input to two rows, which
+costs about what one row does. `specdec.probes.linear_min_rows` keeps the probe's answer per machine.
 Reference twin: `F.linear` (`tests/test_packed.py` checks the two agree).
 """
 
 from __future__ import annotations
 
-from functools import cache
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-PACKED_DTYPES = (torch.float32, torch.bfloat16)
-MAX_INVARIANT_ROWS = 32  # the verifier's block size: rows a pass holds at most (longer ones are split)
+from specdec import probes
+from specdec.probes import MAX_INVARIANT_ROWS, PACKED_DTYPES, packing_available, probe_min_rows  # noqa: F401
+
 # The row count oneDNN lays the packed weight out for; tuned with `python -m specdec bench --cost-curve`
 # (docs/benchmarks.md): a layout for one row is neither flat nor row-invariant, 8 rows is both on the CPUs measured.
 PACK_ROWS = 8
 # A model whose rows need not be row-invariant (a Mamba drafter) keeps its linears of at most this many weights as
 # plain `F.linear`: at one row and this size the BLAS kernel beats the packed call's fixed cost (`pack_linears`).
 SMALL_WEIGHTS = 1024 * 256
-
-
-@cache
-def packing_available(dtype: torch.dtype = torch.bfloat16) -> bool:
-    """Whether this torch build has oneDNN's packed linear for `dtype` on this CPU (tried once per process)."""
-    if _LINEAR_POINTWISE is None:  # a build without oneDNN's ops
-        return False
-    try:
-        w = torch.zeros(8, 16, dtype=dtype)
-        out = _packed_linear(torch.ones(2, 16, dtype=dtype), _pack(w), None)
-        return out.shape == (2, 8) and bool((out == 0).all())
-    except (AttributeError, RuntimeError):  # no mkldnn ops in this build, or no primitive for dtype on this CPU
-        return False
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:
@@ -65,7 +51,7 @@ _LINEAR_POINTWISE = getattr(getattr(torch.ops.mkldnn, "_linear_pointwise", None)
 class PackedLinear(nn.Linear):
     """An `nn.Linear` (float32 or bfloat16, CPU) whose forward runs on a packed copy of its weight.
 
-    `min_rows`: inputs with fewer rows are padded with zero rows to this many (`probe_min_rows`), so every call
+    `min_rows`: inputs with fewer rows are padded with zero rows to this many (`specdec.probes`), so every call
     takes the kernel that larger blocks take. Inference only: where autograd needs the weight or the input
     (training) it falls back to `F.linear`, as it does for a tensor on another device or in another dtype. The
     packed copy follows the weight: a weight changed in place or replaced (`load_state_dict`, `.to()`) is packed
@@ -83,7 +69,7 @@ class PackedLinear(nn.Linear):
         """Pack the weight again (a weight moved off the CPU, or cast to a dtype this CPU cannot pack, is left
         unpacked: `F.linear`)."""
         packable = self.weight.device.type == "cpu" and self.weight.dtype in PACKED_DTYPES and \
-            packing_available(self.weight.dtype)
+            probes.packing_available(self.weight.dtype)
         self.packed = _pack(self.weight) if packable else None
         self.packed_dtype = self.weight.dtype if packable else None
         self.packed_from = self._weight_key()
@@ -172,52 +158,32 @@ class FusedLinear:
 
 def fuse(linears: list[nn.Module]) -> FusedLinear | None:
     """One `FusedLinear` for `linears`, or None where they cannot be fused exactly: not all packed, with a bias,
-    of other input widths or dtypes, or (`fusion_is_exact`) a CPU whose kernel gives a stacked weight's rows other
-    bits than the layers' own."""
+    of other input widths or dtypes, or (`specdec.probes.fusion_is_exact`) a CPU whose kernel gives a stacked
+    weight's rows other bits than the layers' own."""
     if not all(isinstance(linear, PackedLinear) and linear.bias is None for linear in linears):
         return None
     first = linears[0].weight
     if any(linear.in_features != linears[0].in_features or linear.weight.dtype != first.dtype or
-           not linear.weight.is_cpu for linear in linears) or not packing_available(first.dtype):
+           not linear.weight.is_cpu for linear in linears) or not probes.packing_available(first.dtype):
         return None
     shapes = tuple((linear.out_features, linear.min_rows) for linear in linears)
-    return FusedLinear(linears) if fusion_is_exact(first.dtype, linears[0].in_features, shapes) else None
-
-
-def _random_linear(out_features: int, in_features: int, dtype: torch.dtype, generator: torch.Generator) -> nn.Linear:
-    """A bias-free linear layer with random weights of about a trained model's size, for the kernel probes."""
-    linear = nn.Linear(in_features, out_features, bias=False, dtype=dtype).requires_grad_(False)
-    linear.weight.copy_(torch.randn(out_features, in_features, generator=generator) * 0.05)
-    return linear
-
-
-@cache
-def fusion_is_exact(dtype: torch.dtype, in_features: int, shapes: tuple[tuple[int, int], ...]) -> bool:
-    """Whether layers of these (out_features, min_rows), fused, give each output the bits of the layers alone for
-    every row count up to `MAX_INVARIANT_ROWS` (tried once per process on random numbers)."""
-    g = torch.Generator().manual_seed(2)
-    layers = [PackedLinear(_random_linear(out_features, in_features, dtype, g), min_rows)
-              for out_features, min_rows in shapes]
-    fused = FusedLinear(layers)
-    x = torch.randn(MAX_INVARIANT_ROWS, in_features, generator=g).to(dtype)
-    return all(torch.equal(part, layer(x[:n])) for n in range(1, MAX_INVARIANT_ROWS + 1)
-               for part, layer in zip(fused(x[:n]), layers))
+    return FusedLinear(linears) if probes.fusion_is_exact(first.dtype, linears[0].in_features, shapes) else None
 
 
 def pack_linears(model: nn.Module, min_rows: int = 1, plain_up_to: int = 0) -> int:
     """Swap every CPU `nn.Linear` of `model` in a packable dtype for a `PackedLinear` (in place; idempotent).
 
     `min_rows` (the probe's answer for the dtype) pads lone rows only in layers whose shape needs it
-    (`shape_min_rows`): padding is a copy on every call. Linears of at most `plain_up_to` weights stay as
-    they are (for a model whose bits need not be row-invariant: `SMALL_WEIGHTS`). Returns how many were swapped;
-    0 where packing is unavailable. The model's outputs change only by the rounding of another kernel.
+    (`specdec.probes.shape_min_rows`): padding is a copy on every call. Linears of at most `plain_up_to` weights
+    stay as they are (for a model whose bits need not be row-invariant: `SMALL_WEIGHTS`). Returns how many were
+    swapped; 0 where packing is unavailable. The model's outputs change only by the rounding of another kernel.
     """
     swapped = 0
     for name, module in list(model.named_modules()):
         weight = module.weight if type(module) is nn.Linear else None
         if weight is not None and weight.numel() > plain_up_to and weight.dtype in PACKED_DTYPES and \
-                weight.device.type == "cpu" and packing_available(weight.dtype):
-            rows = 1 if min_rows == 1 else shape_min_rows(weight.dtype, *weight.shape, min_rows)
+                weight.device.type == "cpu" and probes.packing_available(weight.dtype):
+            rows = 1 if min_rows == 1 else probes.shape_min_rows(weight.dtype, *weight.shape, min_rows)
             model.set_submodule(name, PackedLinear(module, rows))
             swapped += 1
     return swapped
@@ -231,44 +197,3 @@ def head_linear(weight: torch.Tensor) -> nn.Module:
     linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta", dtype=weight.dtype)
     linear.weight = nn.Parameter(weight.detach(), requires_grad=False)
     return PackedLinear(linear)
-
-
-@cache
-def shape_min_rows(dtype: torch.dtype, out_features: int, in_features: int, min_rows: int) -> int:
-    """1 where a lone row of this weight shape already gets the bits of any larger block's row (tried once per
-    process on random numbers, up to `MAX_INVARIANT_ROWS` rows), else `min_rows`."""
-    g = torch.Generator().manual_seed(1)
-    packed = PackedLinear(_random_linear(out_features, in_features, dtype, g))
-    x = torch.randn(MAX_INVARIANT_ROWS, in_features, generator=g).to(dtype)
-    single = torch.cat([packed(x[i: i + 1]) for i in range(MAX_INVARIANT_ROWS)])
-    invariant = all(torch.equal(packed(x[:n]), single[:n]) for n in range(2, MAX_INVARIANT_ROWS + 1))
-    return 1 if invariant else min_rows
-
-
-# The target's matmul shapes (SmolLM2-135M: width 576, MLP 1536) and an output-layer-sized one.
-_PROBE_SHAPES = ((576, 576), (1536, 576), (576, 1536), (8192, 576))
-
-
-@cache
-def probe_min_rows(dtype: torch.dtype, rows: int = MAX_INVARIANT_ROWS) -> int | None:
-    """The fewest rows from which this CPU's packed `dtype` linear gives every row the same bits for any row count
-    up to `rows`: 1 (any count), 2 (a lone row must be padded to two) or None (not row-invariant, or no packing).
-
-    Probed once per process on random weights of a small target's shapes, with `PackedLinear` itself.
-    """
-    if not packing_available(dtype):
-        return None
-    g = torch.Generator().manual_seed(0)
-    layers = []
-    for out_features, in_features in _PROBE_SHAPES:
-        linear = _random_linear(out_features, in_features, dtype, g)
-        layers.append((linear, torch.randn(rows, in_features, generator=g).to(dtype)))
-    for min_rows in (1, 2):
-        invariant = True
-        for linear, x in layers:
-            packed = PackedLinear(linear, min_rows)
-            single = torch.cat([packed(x[i: i + 1]) for i in range(rows)])  # [rows, out]
-            invariant &= all(torch.equal(packed(x[:n]), single[:n]) for n in range(2, rows + 1))
-        if invariant:
-            return min_rows
-    return None

@@ -86,7 +86,7 @@ def test_sampling_matches_the_target_distribution(tiny_models, cuda_models, meth
 def test_tree_verification_matches_each_branch():
     """One target pass over a tree on the GPU gives every node the logits of its branch run alone, and a commit
     keeps exactly the accepted branch (transformers versions differ in how a cache reaches the model)."""
-    from specdec.kvcache import TreeLM
+    from specdec.verify import TreeLM
     from specdec.tree import TreeShape
     from tests.tiny import tiny_llama
 

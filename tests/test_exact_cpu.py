@@ -7,20 +7,22 @@ import torch
 
 from specdec.config import LOOKUP_BRANCH, GenerationConfig
 from specdec.engine import generate, make_verifier
-from specdec.kvcache import MAX_INVARIANT_ROWS, TreeLM
-from specdec.models import Models, row_invariant
+from specdec import probes
+from specdec.models import Models
+from specdec.probes import MAX_INVARIANT_ROWS
 from specdec.tree import TreeShape
+from specdec.verify import TreeLM
+from tests.exact import require_row_invariant
 from tests.test_kvcache import _branch, passes
 from tests.tiny import tiny_llama
 
-DTYPES = [pytest.param(dtype, marks=pytest.mark.skipif(not row_invariant(dtype), reason=f"this CPU's packed {dtype} "
-                                                        "linears are not row-invariant"))
-          for dtype in (torch.float32, torch.bfloat16)]
+DTYPES = [torch.float32, torch.bfloat16]
 
 
 @pytest.fixture(scope="module", params=DTYPES, ids=["float32", "bfloat16"])
 def smollm2_exact(request, smollm2) -> Models:
     """The real target in each precision whose verifier is bit-exact here (float32: the session's shared copy)."""
+    require_row_invariant(request.param, probes.linear_shapes(smollm2.target.model))
     torch.set_num_threads(2)
     if request.param == torch.float32:
         models = smollm2

@@ -5,10 +5,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.kvcache import TreeLM
 from specdec.packed import PackedLinear, fuse, packing_available
 from specdec.tree import TreeShape
+from specdec.verify import TreeLM
 from tests.tiny import tiny_llama
+
+
+BACKENDS = ["split", "block", "plain"]
+
+
+def make(model, backend: str) -> TreeLM:
+    """A verifier of one backend: the CPU's row-invariant (`split`) or `block` one, or the `plain` one that CUDA
+    and MPS run (here on a CPU: the model's own forward and linears)."""
+    if backend == "plain":
+        lm = TreeLM.__new__(TreeLM)  # no model given: no backend picked
+        lm.__init__(model)
+        return lm
+    return TreeLM(model, row_invariant=backend == "split")
 
 
 def _branch(parents: list[int], node: int) -> list[int]:
@@ -45,22 +58,22 @@ def test_commit_keeps_only_the_accepted_path():
     lm.extend(tokens[: len(shape.parents)], shape.parents)
     path = [0, 2, 6]  # root, its second child, that child's second child
     lm.commit(path)
-    assert lm.length == len(prefix) + 3 and lm.cache.get_seq_length() == lm.length
+    assert lm.length == len(prefix) + 3
     next_logits = lm.feed([9])[-1]
     seq = prefix + [tokens[i] for i in path] + [9]
     torch.testing.assert_close(next_logits, model(input_ids=torch.tensor([seq])).logits[0, -1], atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("row_invariant", [True, False])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("keep", [[], [0], [0, 1], [0, 1, 4], [0, 2, 7], [0, 3]])
 @pytest.mark.parametrize("passes", [1, 2])
-def test_commit_copies_only_what_is_not_in_place(row_invariant, keep, passes):
+def test_commit_copies_only_what_is_not_in_place(backend, keep, passes):
     """A pass leaves one branch in the buffer (the row layout: the first child's, visited last; the block layout:
     the region in order); a commit along it copies nothing, any other keeps the right keys all the same."""
     model = tiny_llama(11, seed=6)
     prefix, shape = [1, 4, 2], TreeShape((3, 2))
     tokens = [5, 0, 1, 2, 3, 4, 6, 7, 8, 9]
-    lm = TreeLM(model, row_invariant=row_invariant)
+    lm = make(model, backend)
     lm.feed(prefix)
     cut = 4 if passes == 2 else len(tokens)  # the tree fed in one pass, or in two
     lm.extend(tokens[:cut], shape.parents[:cut])
@@ -70,7 +83,7 @@ def test_commit_copies_only_what_is_not_in_place(row_invariant, keep, passes):
     original = lm.cache.write
     lm.cache.write = lambda layer, at, index: (writes.append(layer), original(layer, at, index))
     lm.commit(keep)
-    in_place = [0, 1, 4] if row_invariant else list(range(len(tokens)))
+    in_place = [0, 1, 4] if backend == "split" else list(range(len(tokens)))
     expected_copies = 0 if keep == in_place[:len(keep)] else model.config.num_hidden_layers
     assert len(writes) == expected_copies
     seq = prefix + [tokens[i] for i in keep] + [9]
@@ -78,13 +91,13 @@ def test_commit_copies_only_what_is_not_in_place(row_invariant, keep, passes):
                                rtol=1e-4)
 
 
-@pytest.mark.parametrize("row_invariant", [True, False])
-def test_a_commit_of_a_branch_deeper_than_the_placed_one_fits_the_buffer(row_invariant):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_commit_of_a_branch_deeper_than_the_placed_one_fits_the_buffer(backend):
     """The split layout places the first child's branch; a commit of a deeper branch (a lookup branch beside a short
     drafted one) must still find room when the prefix ends just short of the buffer's capacity."""
     model = tiny_llama(11, seed=6, positions=512)
     prefix = [1, 4, 2, 7, 3] * 50 + [1, 4]  # 252 tokens: a buffer of 256 positions
-    lm = TreeLM(model, row_invariant=row_invariant)
+    lm = make(model, backend)
     lm.prefill(prefix)
     parents = [-1, 0, 0, 2, 3, 4, 5, 6]  # root; its first child a leaf; its second child a chain 6 deep
     tokens = [5, 0, 1, 2, 3, 4, 6, 7]
@@ -95,6 +108,40 @@ def test_a_commit_of_a_branch_deeper_than_the_placed_one_fits_the_buffer(row_inv
     seq = prefix + [tokens[i] for i in keep] + [9]
     torch.testing.assert_close(lm.feed([9])[-1], model(input_ids=torch.tensor([seq])).logits[0, -1], atol=1e-4,
                                rtol=1e-4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_pass_that_grows_the_buffer_keeps_the_region_fed_before(backend):
+    """Two passes before a commit (as the Transformer drafter feeds a tree level by level), the second growing the
+    buffer: the first pass's keys are still there for it."""
+    model = tiny_llama(11, seed=6, positions=512)
+    prefix = [1, 4, 2, 7, 3] * 50 + [1, 4, 2, 7]  # 254 tokens: a buffer of 256 positions
+    lm = make(model, backend)
+    lm.prefill(prefix)
+    lm.extend([5], [-1])  # 255 positions
+    logits = lm.extend([0, 1], [0, 1])  # a chain below it: 257 positions, so the buffer grows
+    expected = model(input_ids=torch.tensor([prefix + [5, 0, 1]])).logits[0, -2:]
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_the_backend_is_chosen_once_from_the_device_and_the_models_own_shapes(monkeypatch):
+    """On a CPU the verifier is row-invariant where this machine's packed linears of the model's dtype and shapes
+    are (the kept probe), else the block layout; elsewhere it is the plain backend, which is never row-invariant. A
+    copy keeps its backend."""
+    from specdec import probes
+    from specdec.verify.cpu import CpuTreeLM, RowInvariantTreeLM
+
+    model = tiny_llama(11, seed=2)
+    asked = []
+    monkeypatch.setattr(probes, "linear_min_rows", lambda dtype, shapes: asked.append((dtype, shapes)) and None)
+    assert type(TreeLM(model)) is CpuTreeLM and asked[0] == (torch.float32, probes.linear_shapes(model))
+    monkeypatch.setattr(probes, "linear_min_rows", lambda dtype, shapes: 1)
+    lm = TreeLM(model)
+    assert type(lm) is RowInvariantTreeLM and lm.row_invariant and type(lm.fork()) is RowInvariantTreeLM
+    meta = tiny_llama(11, seed=2).to("meta")
+    assert type(TreeLM(meta)) is TreeLM and type(TreeLM(meta).fork()) is TreeLM
+    with pytest.raises(ValueError, match="runs on a CPU"):
+        TreeLM(meta, row_invariant=True)
 
 
 def test_commit_refuses_a_non_chain():
@@ -122,10 +169,11 @@ def test_the_attention_probe_keeps_each_rows_bits_whatever_the_other_rows(monkey
     where only that differs), and against a stand-in kernel whose rows change with the number of queries falls
     back to one batch element a row. Whatever this machine's answer (the one kept for it), every row's bits are the
     same alone and with others."""
-    from specdec import kvcache
-    from specdec.kvcache import AttentionMode
+    from specdec import probes
+    from specdec.probes import AttentionMode
+    from specdec.verify import split
 
-    real = kvcache._flash
+    real = split._flash
 
     def per_query(q, k, v, *args, **kwargs):  # each query its own batch element: the same bits whatever the others
         b, h, n, d = q.shape
@@ -143,22 +191,21 @@ def test_the_attention_probe_keeps_each_rows_bits_whatever_the_other_rows(monkey
         out, lse = per_query(q, k, v, *args, **kwargs)
         return (out * (1 + 1e-3) if q.shape[:3:2] == (1, 3) else out), lse  # one batch element of 3 queries
 
-    monkeypatch.setattr(kvcache, "_flash", count_dependent)
-    assert kvcache.probe_attention_mode(torch.float32, 3, 8) == AttentionMode(1, 0, 1)
-    monkeypatch.setattr(kvcache, "_flash", lone_differs)
-    assert kvcache.probe_attention_mode(torch.float32, 3, 8) == AttentionMode(2, 10, 2)
-    monkeypatch.setattr(kvcache, "_flash", lambda q, *a, **kw: (lambda o, lse: (o * (1 + 1e-3 * q.shape[0]), lse))(
+    monkeypatch.setattr(split, "_flash", count_dependent)
+    assert probes.probe_attention_mode(torch.float32, 3, 8) == AttentionMode(1, 0, 1)
+    monkeypatch.setattr(split, "_flash", lone_differs)
+    assert probes.probe_attention_mode(torch.float32, 3, 8) == AttentionMode(2, 10, 2)
+    monkeypatch.setattr(split, "_flash", lambda q, *a, **kw: (lambda o, lse: (o * (1 + 1e-3 * q.shape[0]), lse))(
         *per_query(q, *a, **kw)))  # every batch size its own bits: no padding helps, and the probe says so
     with pytest.warns(UserWarning, match="not bit-exact"):
-        assert kvcache.probe_attention_mode(torch.float32, 3, 8) == AttentionMode(2)
+        assert probes.probe_attention_mode(torch.float32, 3, 8) == AttentionMode(2)
     monkeypatch.undo()
-    mode = kvcache.probe_attention_mode(torch.float32, 3, 8)
-    assert kvcache.attention_mode(torch.float32, 3, 8) == mode
+    mode = probes.probe_attention_mode(torch.float32, 3, 8)
+    assert probes.attention_mode(torch.float32, 3, 8) == mode
     q, k = torch.randn(12, 3, 3, 8), torch.randn(1, 3, 20, 8)  # more rows than one call stacks: the last holds two
     for m in (1, 2, 11, 12):
-        together = kvcache._head_attention(q[:m], k, k, None, mode)
-        assert kvcache._same_rows(together, [kvcache._head_attention(q[i: i + 1], k, k, None, mode)
-                                             for i in range(m)])
+        together = split._head_attention(q[:m], k, k, None, mode)
+        assert probes._same_rows(together, [split._head_attention(q[i: i + 1], k, k, None, mode) for i in range(m)])
 
 
 def test_a_fork_shares_the_weights_and_not_the_cache():

@@ -81,36 +81,32 @@ def test_the_cli_says_which_drafter_is_missing(no_drafters, capsys, method, pres
                       "restore the repository's assets/ folder or pass another model"]
 
 
-def test_the_cpu_auto_dtype_is_probed_once_and_kept(monkeypatch, tmp_path):
-    """`auto` decides which tokens greedy prints: bfloat16 only where it is exact (native bf16, packed bf16 linears
-    row-invariant), else float32; decided once per machine and kept with each dtype's padding rows, so a later
-    process cannot flip it."""
+def test_the_cpu_auto_dtype_follows_the_models_shapes_and_is_kept(monkeypatch, tmp_path):
+    """`auto` decides which tokens greedy prints: bfloat16 only where it is exact for the model at hand (native bf16,
+    packed bf16 linears of the model's shapes row-invariant), else float32. It is decided from the config, before
+    the weights load, and the probe's answer is kept per machine, so a later process cannot flip it."""
+    from specdec import probes
+    from tests.tiny import tiny_llama
+
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
-    checks = {"native": True, torch.bfloat16: 1, torch.float32: 2}
+    answers = {"native": True, torch.bfloat16: 1}
     calls = []
-
-    def probe(dtype):
-        calls.append(dtype)
-        return checks[dtype]
-
-    monkeypatch.setattr(models_module, "cpu_has_native_bf16", lambda: checks["native"])
-    monkeypatch.setattr(models_module, "probe_min_rows", probe)
-    assert models_module.resolve_dtype("auto", CPU) == torch.bfloat16
-    assert models_module.packed_min_rows(torch.float32) == 2 and models_module.row_invariant(torch.float32)
-    checks[torch.bfloat16] = None
-    assert models_module.resolve_dtype("auto", CPU) == torch.bfloat16  # kept: not probed again
-    assert len(calls) == 2
-    for missing in ("native", torch.bfloat16):
-        checks.update({"native": True, torch.bfloat16: 1})
-        checks[missing] = False if missing == "native" else None
-        (tmp_path / "cpu-dtype.json").unlink()
-        assert models_module.resolve_dtype("auto", CPU) == torch.float32, missing
-    checks[torch.float32] = None  # float32 not row-invariant either: packed all the same, without padding
-    (tmp_path / "cpu-dtype.json").unlink()
-    assert not models_module.row_invariant(torch.float32) and models_module.packed_min_rows(torch.float32) == 1
-    kept = json.loads((tmp_path / "cpu-dtype.json").read_text())
-    assert [entry["kernels"]["dtype"] for entry in kept.values()] == ["float32"]
-    assert next(iter(kept.values()))["kernels"]["min_rows"] == {"bfloat16": None, "float32": None}
+    monkeypatch.setattr(probes, "cpu_has_native_bf16", lambda: answers["native"])
+    monkeypatch.setattr(probes, "probe_min_rows", lambda dtype, shapes: calls.append((dtype, shapes)) or answers[dtype])
+    config = tiny_llama(11, seed=1).config
+    assert models_module.resolve_dtype("auto", CPU) is None  # on a CPU, decided per model as it loads
+    assert models_module.cpu_auto_dtype(config) == torch.bfloat16
+    assert calls == [(torch.bfloat16, ((32, 32), (16, 32), (64, 32), (32, 64), (11, 32)))]
+    answers[torch.bfloat16] = None
+    assert models_module.cpu_auto_dtype(config) == torch.bfloat16 and len(calls) == 1  # kept: not probed again
+    (tmp_path / "cpu-kernels.json").unlink()
+    assert models_module.cpu_auto_dtype(config) == torch.float32  # this CPU's bf16 linears of these shapes fail
+    answers.update({"native": False, torch.bfloat16: 1})
+    (tmp_path / "cpu-kernels.json").unlink()
+    assert models_module.cpu_auto_dtype(config) == torch.float32 and len(calls) == 2  # emulated bf16: not probed
+    answers["native"] = True
+    loaded = load_model("random-tf", CPU, None, vocab_size=6)  # `auto` as the loader takes it: from the config
+    assert loaded.model.dtype == torch.bfloat16 and calls[-1][0] == torch.bfloat16 and calls[-1][1][-1] == (6, 64)
 
 
 def test_a_converted_gguf_is_kept_exactly_and_read_back(monkeypatch, tmp_path):

@@ -1,21 +1,26 @@
 """Packed linears (`specdec.packed`, float32 and bfloat16) against their reference twin, `F.linear`."""
 
 import copy
+import json
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.kvcache import MAX_INVARIANT_ROWS
-from specdec.models import load_model, packed_min_rows, row_invariant
+from specdec import probes
+from specdec.models import load_model
 import specdec.packed as packed_module
-from specdec.packed import SMALL_WEIGHTS, PackedLinear, pack_linears, packing_available, probe_min_rows
+from specdec.packed import SMALL_WEIGHTS, PackedLinear, pack_linears
+from specdec.probes import MAX_INVARIANT_ROWS, linear_min_rows, linear_shapes, packing_available, probe_min_rows
+from tests.exact import require_row_invariant
+from tests.tiny import tiny_llama
 
 # Each test skips only for the dtypes it packs: a CPU without bf16 packing (AVX2) still runs the float32 ones.
 F32 = pytest.mark.skipif(not packing_available(torch.float32), reason="no oneDNN packed float32 linear here")
 BF16 = pytest.mark.skipif(not packing_available(torch.bfloat16), reason="no oneDNN packed bfloat16 linear here")
 DTYPES = [pytest.param(torch.float32, marks=F32, id="float32"), pytest.param(torch.bfloat16, marks=BF16, id="bf16")]
+SHAPES = ((576, 576), (1536, 576), (576, 1536), (8192, 576))  # SmolLM2-135M's widths and a reduced head
 TOLERANCE = {torch.bfloat16: 0.05, torch.float32: 1e-4}  # rounding of outputs of size ~1
 
 
@@ -28,10 +33,9 @@ def _linear(out_features: int, in_features: int, bias: bool, dtype: torch.dtype 
 @pytest.mark.parametrize("in_features", [576, 1536])  # 1536: a lone float32 row takes another kernel on AVX-512
 @pytest.mark.parametrize("bias", [False, True])
 def test_packed_agrees_with_f_linear_and_is_row_invariant(bias, in_features, dtype):
-    if not row_invariant(dtype):
-        pytest.skip(f"this CPU's packed {dtype} linears are not row-invariant")
+    min_rows = require_row_invariant(dtype, SHAPES)
     linear = _linear(576, in_features, bias, dtype)
-    packed = PackedLinear(linear, packed_min_rows(dtype))
+    packed = PackedLinear(linear, min_rows)
     x = torch.randn(1, 40, in_features).to(dtype)  # [1, n, in]
     out = packed(x)  # [1, n, out]
     reference = F.linear(x.float(), linear.weight.float(), None if linear.bias is None else linear.bias.float())
@@ -73,12 +77,25 @@ def test_the_probe_finds_the_fewest_rows_that_are_invariant(monkeypatch):
     for kernel, expected in ((lone_row_differs, 2), (count_dependent, None)):
         monkeypatch.setattr(packed_module, "_packed_linear", kernel)
         probe_min_rows.cache_clear()
-        assert probe_min_rows(torch.float32, rows=6) == expected, kernel.__name__
+        assert probe_min_rows(torch.float32, SHAPES, rows=6) == expected, kernel.__name__
     monkeypatch.undo()
     probe_min_rows.cache_clear()
-    from specdec.models import cpu_kernels
+    assert probe_min_rows(torch.float32, SHAPES) == linear_min_rows(torch.float32, SHAPES)
 
-    assert probe_min_rows(torch.float32) == cpu_kernels()["min_rows"]["float32"]  # what this machine kept
+
+def test_a_models_shapes_are_probed_once_and_kept(monkeypatch, tmp_path):
+    """The linear probe runs on the shapes of the model at hand, once per machine: its answer is kept in
+    `cpu-kernels.json` under the dtype and the shapes, and a later call (a later process) reads it."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(probes, "probe_min_rows", lambda dtype, shapes: calls.append((dtype, shapes)) or 2)
+    shapes = linear_shapes(tiny_llama(11, seed=1))
+    assert shapes == ((32, 32), (16, 32), (64, 32), (32, 64), (11, 32))  # q and o, k and v, gate and up, down, head
+    assert linear_min_rows(torch.float32, shapes) == linear_min_rows(torch.float32, shapes) == 2
+    assert calls == [(torch.float32, shapes)]
+    kept = json.loads((tmp_path / "cpu-kernels.json").read_text())
+    assert [answers for answers in kept.values()] == [{"linears float32 32x32 16x32 64x32 32x64 11x32": 2}]
+    assert linear_min_rows(torch.float16, shapes) is None and len(calls) == 1  # not a packed dtype: not probed
 
 
 @F32
@@ -131,7 +148,7 @@ def test_a_weight_cast_to_a_dtype_this_cpu_cannot_pack_runs_unpacked(monkeypatch
     """A float32 model packed, then cast to bf16 on a CPU whose oneDNN has no bf16 reorder (AVX2): plain F.linear."""
     linear = nn.Linear(16, 8)
     packed = PackedLinear(linear)
-    monkeypatch.setattr(packed_module, "packing_available", lambda dtype=torch.bfloat16: dtype == torch.float32)
+    monkeypatch.setattr(probes, "packing_available", lambda dtype=torch.bfloat16: dtype == torch.float32)
     packed.to(torch.bfloat16)
     x = torch.randn(3, 16, dtype=torch.bfloat16)
     with torch.inference_mode():

@@ -1,7 +1,7 @@
 import pytest
 
 from specdec.config import GenerationConfig
-from specdec.kvcache import ancestor_matrix
+from specdec.verify import ancestor_matrix
 from specdec.tree import TreeShape, parse_arms, parse_shape
 
 

@@ -20,7 +20,7 @@ from specdec.distill.recipe import Answer, Recipe, TrainConfig, choose_draft_voc
 from specdec.distill.teacher import Shard
 from specdec.drafters.mamba import MambaDrafter
 from specdec.drafters.mixer import blocks_forward
-from specdec.kvcache import TreeLM
+from specdec.verify import TreeLM
 from specdec.models import LoadedModel
 from specdec.vocab import load_draft_vocab
 

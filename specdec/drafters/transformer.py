@@ -14,7 +14,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.drafters.base import Drafter, DraftTree, Sampler, TreeBuilder
-from specdec.kvcache import TreeLM
+from specdec.verify import TreeLM
 from specdec.models import LoadedModel, load_drafter_model
 from specdec.tree import TreeShape
 from specdec.vocab import fit_vocab, load_draft_vocab
