@@ -13,7 +13,7 @@ from specdec.probes import MAX_INVARIANT_ROWS
 from specdec.tree import TreeShape
 from specdec.verify import TreeLM
 from tests.exact import require_row_invariant
-from tests.test_kvcache import _branch, passes
+from tests.test_verify import _branch, passes
 from tests.tiny import tiny_llama
 
 DTYPES = [torch.float32, torch.bfloat16]
