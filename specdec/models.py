@@ -21,8 +21,8 @@ from safetensors.torch import save_model
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec import probes
-from specdec.packed import PACKED_DTYPES, SMALL_WEIGHTS, pack_linears
-from specdec.probes import cpu_has_native_bf16  # noqa: F401 (where the distillation pipeline reads it)
+from specdec.packed import SMALL_WEIGHTS, pack_linears
+from specdec.probes import PACKED_DTYPES
 from specdec.registry import KINDS, MODEL_KINDS
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -303,7 +303,7 @@ def _ready(model: PreTrainedModel, device: torch.device, verified: bool = True) 
     model = model.to(device).eval()
     if device.type == "cpu" and model.dtype in PACKED_DTYPES:
         if verified:
-            pack_linears(model, probes.linear_min_rows(model.dtype, probes.linear_shapes(model)) or 1)
+            pack_linears(model, probes.model_min_rows(model) or 1)
         else:
             pack_linears(model, 1, SMALL_WEIGHTS)
     return model

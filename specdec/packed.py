@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec import probes
-from specdec.probes import MAX_INVARIANT_ROWS, PACKED_DTYPES, packing_available, probe_min_rows  # noqa: F401
+from specdec.probes import PACKED_DTYPES
 
 # The row count oneDNN lays the packed weight out for; tuned with `python -m specdec bench --cost-curve`
 # (docs/benchmarks.md): a layout for one row is neither flat nor row-invariant, 8 rows is both on the CPUs measured.

@@ -142,6 +142,11 @@ def linear_min_rows(dtype: torch.dtype, shapes: tuple[tuple[int, int], ...]) -> 
                 lambda: probe_min_rows(dtype, shapes))
 
 
+def model_min_rows(model: nn.Module) -> int | None:
+    """`linear_min_rows` for a model: its own dtype and linear shapes."""
+    return linear_min_rows(next(model.parameters()).dtype, linear_shapes(model))
+
+
 @cache
 def probe_min_rows(dtype: torch.dtype, shapes: tuple[tuple[int, int], ...],
                    rows: int = MAX_INVARIANT_ROWS) -> int | None:

@@ -240,9 +240,9 @@ def test_a_bf16_drafter_stays_exact(bf16_drafters, tiny_models, method, tree):
     (True, "cuda", torch.float32, torch.float32)])
 def test_drafter_dtype_auto(monkeypatch, native, device, target, expected):
     """float32 on every CPU (small matmuls: bf16's per-call cost outweighs it), the target's dtype elsewhere."""
-    from specdec import models
+    from specdec import models, probes
 
-    monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(probes, "cpu_has_native_bf16", lambda: native)
     assert models.resolve_drafter_dtype("auto", torch.device(device), target) == expected
     assert models.resolve_drafter_dtype("float16", torch.device("cpu"), torch.float32) == torch.float16
     with pytest.raises(models.ModelLoadError, match="unknown dtype"):

@@ -51,7 +51,8 @@ def test_mixer_step_sequence_and_training_paths_agree():
 def test_the_step_calls_a_packed_linear_and_reads_a_plain_ones_weight():
     """`MixerWeights` calls a linear layer the loader packed (`specdec.packed`) as itself, and multiplies by a plain
     one's weight directly; the step gives the same outputs and states either way."""
-    from specdec.packed import PackedLinear, pack_linears, packing_available
+    from specdec.packed import PackedLinear, pack_linears
+    from specdec.probes import packing_available
     if not packing_available(torch.float32):
         pytest.skip("no packed float32 linear on this CPU")
     plain, packed = tiny_mamba(V, seed=2), tiny_mamba(V, seed=2)

@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.packed import PackedLinear, fuse, packing_available
+from specdec.packed import PackedLinear, fuse
+from specdec.probes import packing_available
 from specdec.tree import TreeShape
 from specdec.verify import TreeLM
 from tests.tiny import tiny_llama

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from specdec.distill.train import RECIPES
-from specdec.models import ASSETS, DEFAULT_TARGET, cpu_has_native_bf16, load_model
+from specdec.models import ASSETS, DEFAULT_TARGET, load_model
+from specdec.probes import cpu_has_native_bf16
 
 
 _LOADED: dict[tuple[str, str], object] = {}

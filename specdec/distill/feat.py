@@ -31,7 +31,8 @@ from specdec.distill.recipe import Answer, Recipe, Stream, TrainConfig, choose_d
 from specdec.distill.teacher import Shard, features_path, save_shard, shards_of, target_hidden
 from specdec.drafters.mamba_feat import FeatConfig, MambaFeatDrafter, MambaFeatModel
 from specdec.drafters.mixer import blocks_forward
-from specdec.models import LoadedModel, cpu_has_native_bf16
+from specdec.models import LoadedModel
+from specdec.probes import cpu_has_native_bf16
 from specdec.vocab import load_draft_vocab
 
 FEATURE_WEIGHT = 0.1  # w: the regression term's weight beside the cross-entropy

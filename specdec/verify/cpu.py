@@ -33,14 +33,8 @@ def backend_for(model: PreTrainedModel, row_invariant: bool | None) -> type[Tree
     """The row-invariant backend where asked, or by default (None) where this CPU's packed linears of the model's
     dtype and shapes are row-invariant; else the block layout."""
     if row_invariant is None:
-        row_invariant = _min_rows(model) is not None
+        row_invariant = probes.model_min_rows(model) is not None
     return RowInvariantTreeLM if row_invariant else CpuTreeLM
-
-
-def _min_rows(model: PreTrainedModel) -> int | None:
-    """The rows this CPU's packed linears of the model's dtype and shapes pad a lone row to, or None where they
-    are not row-invariant (`specdec.probes.linear_min_rows`, kept per machine)."""
-    return probes.linear_min_rows(next(model.parameters()).dtype, probes.linear_shapes(model))
 
 
 class CpuTreeLM(TreeLM):
@@ -51,7 +45,7 @@ class CpuTreeLM(TreeLM):
         super().__init__(model, head_ids, row_invariant)
         self.direct = runs_direct(model)  # the pass loops over the layers itself (`llama_pass`)
         if self.dtype in PACKED_DTYPES:
-            pack_linears(model, _min_rows(model) or 1)  # no-op where the loader packed them
+            pack_linears(model, probes.model_min_rows(model) or 1)  # no-op where the loader packed them
             if self.direct:
                 fuse_projections(model.base_model)
 
