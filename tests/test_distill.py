@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, DynamicCache
 
 from specdec.distill import corpus, teacher
 from specdec.distill.export import earlier_card, export, model_card
@@ -273,6 +273,52 @@ def test_batched_greedy_decoding_matches_generate(data):
     expected = model.generate(input_ids=prompt, attention_mask=mask, max_new_tokens=6, do_sample=False,
                               pad_token_id=63)[:, 5:]
     assert torch.equal(answer_ids[:, :, 0].long(), expected) and torch.equal(tokens, expected)
+
+
+def test_rows_that_finish_leave_the_batch_and_the_others_decode_as_alone(data):
+    _, model, _ = data
+    prompt = torch.tensor([[2, 2, 2, 9, 8, 7], [5, 6, 7, 8, 9, 4], [2, 3, 4, 5, 6, 7]])
+    mask = (torch.arange(6) >= torch.tensor([[3], [0], [1]])).long()  # rows 0 and 2 left-padded
+    probe = teacher.decode(model, prompt, mask, 8, 3, eos=VOCAB)[4]  # an id no row can emit: nobody stops
+    eos = int(probe[1, 1])  # row 1 stops after its second token and leaves the batch; the others go on
+    assert eos not in probe[0, :2].tolist() and eos not in probe[2, :2].tolist()
+    _, _, answer_ids, answer_logp, tokens = teacher.decode(model, prompt, mask, 8, 3, eos=eos)
+    for row in range(3):
+        start = int(mask[row].argmax())
+        alone = teacher.decode(model, prompt[row:row + 1, start:], mask[row:row + 1, start:], 8, 3, eos=eos)
+        answer = alone[4][0].tolist()
+        n = answer.index(eos) + 1 if eos in answer else len(answer)
+        assert tokens[row, :n].tolist() == answer[:n]
+        assert torch.equal(answer_ids[row, :n], alone[2][0, :n])
+        torch.testing.assert_close(answer_logp[row, :n].float(), alone[3][0, :n].float(), atol=1e-3, rtol=0)
+    assert tokens[1, :2].tolist()[-1] == eos and (tokens[1, 2:] == eos).all()  # padding after its EOS
+
+
+def test_budget_batches_keep_rows_and_padded_positions_within_their_caps():
+    lengths = [10, 10, 12, 20, 30, 30, 90, 200]
+    cuts = list(teacher.budget_batches(lengths, rows=3, tokens=64))
+    assert [lengths[c] for c in cuts] == [[10, 10, 12], [20, 30], [30], [90], [200]]
+    for cut in cuts:  # a batch pays rows x its longest; alone, a prompt past the budget still gets one
+        assert len(lengths[cut]) <= 3 and (len(lengths[cut]) * max(lengths[cut]) <= 64 or len(lengths[cut]) == 1)
+
+
+def test_the_reserved_cache_decodes_as_the_growing_one(data):
+    _, model, _ = data
+    prompt = torch.tensor([[2, 2, 9, 8, 7], [5, 6, 7, 8, 9]])
+    mask = (torch.arange(5) >= torch.tensor([[2], [0]])).long()
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)
+    with torch.no_grad():
+        logits = []
+        for cache in (DynamicCache(config=model.config), teacher.reserved_cache(model, 8)):
+            out = model(input_ids=prompt, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+            grown = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            step = model(input_ids=out.logits[:, -1:].argmax(-1), attention_mask=grown,
+                         position_ids=positions[:, -1:] + 1, cache=cache, use_cache=True)
+            logits.append(step.logits)
+        assert isinstance(cache.layers[0], teacher.ReservedLayer) and cache.get_seq_length() == 6
+        torch.testing.assert_close(logits[0], logits[1])
+        with pytest.raises(ValueError, match="reserved for 8"):
+            model(input_ids=torch.zeros(2, 3, dtype=torch.long), cache=cache, use_cache=True)
 
 
 def test_sampled_passes_label_other_answers_with_the_untempered_law(data, tmp_path):

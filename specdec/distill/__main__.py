@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from specdec.distill.teacher import BATCH_TOKENS
 from specdec.distill.train import RECIPES
 from specdec.models import ASSETS, DEFAULT_TARGET, load_model
 from specdec.probes import cpu_has_native_bf16
@@ -59,7 +60,7 @@ def stage_teacher(args: argparse.Namespace) -> None:
     target = _target(args, args.teacher_dtype)
     corpus, out = args.data / "corpus", args.data / "teacher"
     common = dict(batch_size=args.batch_size, shard_prompts=args.shard_prompts, max_new_tokens=args.max_new_tokens,
-                  k=args.topk)
+                  k=args.topk, batch_tokens=args.batch_tokens)
     teacher.generate_responses(target.model, target.tokenizer, corpus, out, "eval", part=args.part, **common)
     teacher.generate_responses(target.model, target.tokenizer, corpus, out, "train", minutes=args.response_minutes,
                                max_shards=args.response_shards, part=args.part, **common)
@@ -209,7 +210,10 @@ def _teacher_options(teacher: argparse._ArgumentGroup) -> None:
                          help="the teacher's (and the features') precision; auto: bfloat16 where the CPU multiplies it "
                               "natively (AMX, AVX512-BF16), else float32, faster than emulated bf16 (docs/training.md, "
                               "Precision)")
-    teacher.add_argument("--batch-size", type=int, default=64)
+    teacher.add_argument("--batch-size", type=int, default=64, help="prompts answered at once, at most")
+    teacher.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS,
+                         help="padded positions (prompt + answer) a batch of answers holds, at most: long prompts go "
+                              "in smaller batches")
     teacher.add_argument("--shard-prompts", type=int, default=64)
     teacher.add_argument("--max-new-tokens", type=int, default=128)
     teacher.add_argument("--topk", type=int, default=8)

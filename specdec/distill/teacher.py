@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import DynamicLayer
 
 from specdec.distill.corpus import DOMAINS, LONG_DOMAIN, Prompt, read_documents, read_prompts
 from specdec.distill.sources import chat_ids
@@ -86,7 +87,8 @@ LOGIT_BLOCK = 512  # prompt positions scored at once: [B, P, V] logits at once o
 def prompt_top_k(head: torch.nn.Module, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k ids and log p at every position of one prompt's hidden states [P, D], `LOGIT_BLOCK` positions at a
     time -> ([P, k] int32, [P, k] float16)."""
-    blocks = [top_k_logp(head(hidden[i: i + LOGIT_BLOCK]), k) for i in range(0, len(hidden), LOGIT_BLOCK)]
+    starts = range(0, max(len(hidden), 1), LOGIT_BLOCK)  # one empty block for a prompt of one token
+    blocks = [top_k_logp(head(hidden[i: i + LOGIT_BLOCK]), k) for i in starts]
     return torch.cat([ids for ids, _ in blocks]), torch.cat([logp for _, logp in blocks])
 
 
@@ -95,38 +97,113 @@ def decode(model: PreTrainedModel, input_ids: torch.Tensor, mask: torch.Tensor, 
            eos: int, temperature: float = 0.0, generator: torch.Generator | None = None) -> tuple[torch.Tensor, ...]:
     """Batched decoding of left-padded prompts [B, P] with a KV cache: greedy, or sampled at `temperature`.
 
-    Returns the prompt's top-k (from the prefill pass: free labels) [B, P, k] twice, the answer's [B, T, k] twice
-    (ids, log p of the untempered target) and the answer tokens [B, T] (under greedy, ids[:, :, 0]).
+    A row that has emitted EOS leaves the batch (its cache rows are dropped), so the steps after it cost only the
+    rows still answering. Returns each prompt's top-k at its own positions but the last (from the prefill pass: free labels;
+    padding is not scored), as two lists of B tensors [p - 1, k]; the answer's top-k [B, T, k] twice (ids, log p
+    of the untempered target); and the answer tokens [B, T] (under greedy, ids[:, :, 0]). A row's entries after
+    its EOS are padding.
     """
-    cache = DynamicCache(config=model.config)
+    cache = reserved_cache(model, mask.shape[1] + max_new_tokens)
     positions = (mask.cumsum(-1) - 1).clamp_min(0)  # [B, P]
     hidden = model.base_model(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache,
                               use_cache=True).last_hidden_state  # [B, P, D]
     head = model.get_output_embeddings()
-    prompt_ids, prompt_logp = zip(*(prompt_top_k(head, row, k) for row in hidden))
-    steps, last = [], head(hidden[:, -1])  # [B, V]
-    done = torch.zeros(len(input_ids), dtype=torch.bool)
-    tokens = []
-    for _ in range(max_new_tokens):
-        ids, logp = top_k_logp(last, k)  # [B, k]
-        steps.append((ids, logp))
+    width = mask.shape[1]
+    prompt_ids, prompt_logp = zip(*(prompt_top_k(head, row[width - int(n):width - 1], k)
+                                    for row, n in zip(hidden, mask.sum(-1))))
+    batch = len(input_ids)
+    answer_ids = torch.zeros(batch, max_new_tokens, k, dtype=torch.int32)
+    answer_logp = torch.zeros(batch, max_new_tokens, k, dtype=torch.float16)
+    tokens = torch.full((batch, max_new_tokens), eos, dtype=torch.long)
+    rows = torch.arange(batch)  # the input row of each row still decoding
+    last, positions = head(hidden[:, -1]), positions[:, -1:]  # [B, V], [B, 1]
+    steps = 0
+    for step in range(max_new_tokens):
+        ids, logp = top_k_logp(last, k)  # [b, k]
+        answer_ids[rows, step], answer_logp[rows, step] = ids, logp
         if temperature > 0:
             law = torch.softmax(last.float() / temperature, dim=-1)
             token = torch.multinomial(law, 1, generator=generator)[:, 0]
         else:
             token = ids[:, 0].long()
-        token = token.masked_fill(done, eos)  # [B]
-        tokens.append(token)
-        done |= token == eos
-        if done.all():
+        tokens[rows, step] = token
+        steps = step + 1
+        going = token != eos
+        if not going.any() or steps == max_new_tokens:
             break
+        if not going.all():
+            keep = going.nonzero()[:, 0]
+            rows, token, positions, mask = rows[keep], token[keep], positions[keep], mask[keep]
+            cache.batch_select_indices(keep)
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        positions = positions[:, -1:] + 1
+        positions = positions + 1
         last = model(input_ids=token[:, None], attention_mask=mask, position_ids=positions, cache=cache,
                      use_cache=True).logits[:, -1]
-    answer_ids = torch.stack([ids for ids, _ in steps], dim=1)  # [B, T, k]
-    answer_logp = torch.stack([logp for _, logp in steps], dim=1)  # [B, T, k]
-    return torch.stack(prompt_ids), torch.stack(prompt_logp), answer_ids, answer_logp, torch.stack(tokens, dim=1)
+    return list(prompt_ids), list(prompt_logp), answer_ids[:, :steps], answer_logp[:, :steps], tokens[:, :steps]
+
+
+class ReservedLayer(DynamicLayer):
+    """A KV cache layer that appends in place into a buffer reserved for the whole generation, where
+    `DynamicLayer` concatenates, copying the whole cache at every decoding step. `keys`/`values` are views of
+    the filled part, so everything that reads a `DynamicLayer` reads this one alike."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+        self.filled = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.device, self.is_initialized = key_states.device, True
+            shape = (*key_states.shape[:2], max(self.capacity, key_states.shape[-2]))
+            self._keys = key_states.new_empty(*shape, key_states.shape[-1])
+            self._values = value_states.new_empty(*shape, value_states.shape[-1])
+        end = self.filled + key_states.shape[-2]
+        if end > self._keys.shape[-2]:
+            raise ValueError(f"{end} positions in a cache reserved for {self._keys.shape[-2]}")
+        self._keys[:, :, self.filled:end] = key_states
+        self._values[:, :, self.filled:end] = value_states
+        self.filled = end
+        self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.is_initialized:
+            self._keys, self._values = self._keys[indices], self._values[indices]
+            self.keys, self.values = self._keys[:, :, :self.filled], self._values[:, :, :self.filled]
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("the teacher's cache only grows")
+
+
+def reserved_cache(model: PreTrainedModel, capacity: int) -> DynamicCache:
+    """The model's own `DynamicCache` with each plain layer swapped for a `ReservedLayer` of `capacity`
+    positions (other layer kinds, e.g. sliding windows, are kept as they are)."""
+    cache = DynamicCache(config=model.config)
+    cache.layers = [ReservedLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
+
+
+def prompt_tokens(tokenizer: PreTrainedTokenizerBase, prompt: Prompt) -> list[int]:
+    """A prompt's ids as the engine will feed them: the chat template around it (and its earlier turns)."""
+    return chat_ids(tokenizer, [*prompt.history, prompt.text]) if prompt.history else encode_prompt(tokenizer, prompt.text)
+
+
+BATCH_TOKENS = 16384  # padded positions (prompt + answer) a batch of answers may hold
+
+
+def budget_batches(lengths: list[int], rows: int, tokens: int) -> Iterator[slice]:
+    """Cut prompts sorted by length (`lengths`, ascending) into batches of at most `rows` prompts whose padded
+    size, rows x the longest prompt, stays within `tokens`: short prompts share big batches, long ones small
+    ones, so neither padding nor a long row's attention is paid by the rest. A prompt longer than `tokens`
+    gets a batch of its own."""
+    start = 0
+    while start < len(lengths):
+        end = start + 1
+        while end < len(lengths) and end - start < rows and (end + 1 - start) * lengths[end] <= tokens:
+            end += 1
+        yield slice(start, end)
+        start = end
 
 
 def generate_batch(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt],
@@ -139,8 +216,7 @@ def generate_batch(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, p
     top-k comes free from the prefill pass (the target's law on user text).
     """
     eos = tokenizer.eos_token_id
-    prompt_ids = [chat_ids(tokenizer, [*p.history, p.text]) if p.history else encode_prompt(tokenizer, p.text)
-                  for p in prompts]  # as the engine will
+    prompt_ids = [prompt_tokens(tokenizer, p) for p in prompts]
     width = max(map(len, prompt_ids))
     input_ids = torch.full((len(prompts), width), eos, dtype=torch.long)
     mask = torch.zeros_like(input_ids)
@@ -159,8 +235,8 @@ def generate_batch(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, p
         label[p - 1:p - 1 + n] = True  # the last prompt position predicts answer token 0
         known = label.clone()
         known[:p - 1] = True  # prompt positions, labelled by the prefill
-        topk_ids = torch.cat([p_ids[row, width - p:width - 1], a_ids[row, :n]])  # [p - 1 + n, k]
-        topk_logp = torch.cat([p_logp[row, width - p:width - 1], a_logp[row, :n]])
+        topk_ids = torch.cat([p_ids[row], a_ids[row, :n]])  # [p - 1 + n, k]
+        topk_logp = torch.cat([p_logp[row], a_logp[row, :n]])
         pad = torch.zeros(len(tokens) - len(topk_ids), k)
         sequences.append({"tokens": tokens, "label": label, "known": known, "domain": prompt.domain,
                           "topk_ids": torch.cat([topk_ids, pad.int()]), "topk_logp": torch.cat([topk_logp, pad.half()])})
@@ -208,13 +284,15 @@ def sampled_temperature(folder_name: str) -> float:
 def generate_responses(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, corpus: Path, out: Path,
                        split: str, batch_size: int, shard_prompts: int, max_new_tokens: int, k: int,
                        minutes: float | None = None, max_shards: int | None = None, temperature: float = 0.0,
-                       sampled_pass: int = 0, part: int = 0) -> int:
+                       sampled_pass: int = 0, part: int = 0, batch_tokens: int = BATCH_TOKENS) -> int:
     """Write `out/responses/<split>/shard_*.pt`; existing shards are kept (resume). Returns new tokens written.
 
     `max_shards` caps the data reproducibly (shards come in a fixed order); `minutes` stops early by time.
     With `temperature` > 0 the answers are sampled, into `responses/train-t<T>-<sampled_pass>/`; each shard's
     sampler is seeded by (pass, shard), so a resumed pass writes what an unbroken one would have.
     `part` > 0 answers the training prompts of that corpus part instead, into `responses/train-part<K>/`.
+    Each shard's prompts are answered in `budget_batches` of at most `batch_size` prompts and `batch_tokens`
+    padded positions (prompt and answer).
     """
     name = sampled_folder(temperature, sampled_pass) if temperature > 0 else part_folder(split, part)
     folder = out / "responses" / name
@@ -225,9 +303,12 @@ def generate_responses(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBas
     for path, group, bar in _pending(folder, shards, minutes, f"teacher responses ({name})"):
         index = int(path.stem.split("_")[1])
         generator = torch.Generator().manual_seed(1_000_003 * (sampled_pass + 1) + index) if temperature > 0 else None
-        group = sorted(group, key=lambda p: len(p.text))  # similar lengths share a batch: less padding
-        sequences = [seq for _, batch in shards_of(group, batch_size)
-                     for seq in generate_batch(model, tokenizer, batch, max_new_tokens, k, temperature, generator)]
+        lengths = [len(prompt_tokens(tokenizer, p)) + max_new_tokens for p in group]
+        order = sorted(range(len(group)), key=lengths.__getitem__)  # similar lengths share a batch: less padding
+        group = [group[i] for i in order]
+        cuts = budget_batches([lengths[i] for i in order], batch_size, batch_tokens)
+        sequences = [seq for cut in cuts
+                     for seq in generate_batch(model, tokenizer, group[cut], max_new_tokens, k, temperature, generator)]
         shard = _pack(sequences, split, k)
         save_shard(path, shard)
         written += int(shard["known"].sum())
