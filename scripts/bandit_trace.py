@@ -5,12 +5,14 @@ its first drafted token was kept, and the arms in order, one letter a round ("."
 arm name's first character). One bandit serves all the prompts, as the app keeps one per browser session.
 
     .venv/bin/python scripts/bandit_trace.py [--temperature 0.7] [--dtype auto] [--methods mamba-ucb,mamba-chain]
+        [--prompts scripts/outside_prompts.jsonl]
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -23,7 +25,7 @@ from specdec.engine import generate  # noqa: E402
 from specdec.models import Models  # noqa: E402
 from specdec.records import Summary  # noqa: E402
 
-PROMPTS = [  # not in the repository's prompt sets
+PROMPTS = [  # everyday prompts; the first is also a bench prompt, the third a code task of the distillation corpus
     "Give me three tips for staying focused while studying at home.",
     "Explain how a refrigerator keeps food cold.",
     "Write a Python function that counts the vowels in a string.",
@@ -33,12 +35,12 @@ PROMPTS = [  # not in the repository's prompt sets
 ]
 
 
-def trace(models: Models, method: str, temperature: float, max_new_tokens: int) -> None:
+def trace(models: Models, method: str, temperature: float, max_new_tokens: int, prompts: list[str]) -> None:
     config = GenerationConfig(method=method, temperature=temperature, max_new_tokens=max_new_tokens, seed=1)
     bandit = UCBBandit.for_config(config) if method.endswith("-ucb") else None
     round_ms, accepted, letters = collections.defaultdict(list), collections.defaultdict(list), []
     tokens = seconds = 0.0
-    for prompt in PROMPTS:
+    for prompt in prompts:
         for item in generate(models, prompt, config, bandit=bandit, details=False):
             if isinstance(item, Summary):
                 tokens, seconds = tokens + item.new_tokens, seconds + item.engine_seconds
@@ -47,10 +49,13 @@ def trace(models: Models, method: str, temperature: float, max_new_tokens: int) 
             accepted[item.shape_name].append(item.accepted_len)
             letters.append(item.shape_name[0] if item.shape else ".")
     print(f"{method} at temperature {temperature}: {tokens / seconds:.1f} tok/s")
-    print("| arm | rounds | median round ms | first drafted token kept |\n|---|---|---|---|")
+    print("| arm | rounds | median round ms | first drafted token kept | tokens a round | tok/s of its rounds |\n"
+          "|---|---|---|---|---|---|")
     for arm, times in round_ms.items():
         kept = f"{sum(a > 0 for a in accepted[arm]) / len(times):.2f}" if arm != "none" else "-"
-        print(f"| {arm} | {len(times)} | {statistics.median(times):.1f} | {kept} |")
+        per_round = 1 + statistics.mean(accepted[arm])
+        rate = 1e3 * (len(times) + sum(accepted[arm])) / sum(times)
+        print(f"| {arm} | {len(times)} | {statistics.median(times):.1f} | {kept} | {per_round:.2f} | {rate:.1f} |")
     print("".join(letters), "\n")
 
 
@@ -60,11 +65,13 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--prompts", type=Path, help="a JSONL file of {\"prompt\": ...} lines instead of PROMPTS")
     args = parser.parse_args()
+    prompts = [json.loads(line)["prompt"] for line in args.prompts.read_text().splitlines()] if args.prompts else PROMPTS
     models = Models(dtype=args.dtype)
     models.load()
     for method in args.methods.split(","):
-        trace(models, method, args.temperature, args.max_new_tokens)
+        trace(models, method, args.temperature, args.max_new_tokens, prompts)
 
 
 if __name__ == "__main__":

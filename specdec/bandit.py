@@ -13,6 +13,8 @@ Rewards (`value_k` is the arm's mean reward):
                 drafter cannot guess, every drafting arm falls at once, after a few rounds of any of them, and
                 arm "0" wins; while it does, the chances drift back to the priors until a drafting arm is tried
                 again, and each such try that keeps nothing makes the next drift slower (IDLE_BACKOFF).
+                Under sampling a first guess counts the chance it had of being kept (`DepthOutcome.chance`),
+                not the outcome of the acceptance test's coin.
     throughput  the arm's measured tokens per second: the tokens its rounds emitted over the seconds they took,
                 divided by the best arm's. Every round weighs past rounds by DISCOUNT (discounted UCB). Each
                 arm learns from its own rounds only.
@@ -47,19 +49,25 @@ class DepthOutcome(NamedTuple):
     width: int  # the arm's shape's children per node at this depth; 0 past its depth (a prompt-lookup graft)
     kept: bool  # the path went on to this depth
     first: bool  # ... through the parent's first child (the drafter's best guess)
+    chance: float | None = None  # sampling: the chance the first child had to be kept (the coin `first` came from)
 
 
-def depth_outcomes(parents: Sequence[int], path: Sequence[int], widths: Sequence[int]) -> list[DepthOutcome]:
+def depth_outcomes(parents: Sequence[int], path: Sequence[int], widths: Sequence[int],
+                   chances: Sequence[float] | None = None) -> list[DepthOutcome]:
     """A verified tree (`parents`, -1 for the root) and its accepted path (node indices from the root) -> one
     outcome per depth the path reached, and the depth where it stopped; none for arm "0" (no `widths`), but a
-    failure at depth 1 for a drafting shape whose tree was trimmed to its root."""
+    failure at depth 1 for a drafting shape whose tree was trimmed to its root. `chances` (sampling,
+    `sampling.first_child_chances`): per path node, the chance its first child had to be kept."""
     if not widths:
         return []
     children, out = children_of(parents), []
     for depth in range(1, len(parents) + 1):
         kept = depth < len(path)
         first = kept and children[path[depth - 1]][0] == path[depth]
-        out.append(DepthOutcome(depth, widths[depth - 1] if depth <= len(widths) else 0, kept, first))
+        width = widths[depth - 1] if depth <= len(widths) else 0
+        alone = width >= 2 or len(children[path[depth - 1]]) <= 1  # width 1 with a copied sibling: the coin
+        chance = chances[depth - 1] if chances is not None and alone else None
+        out.append(DepthOutcome(depth, width, kept, first, chance))
         if not kept:
             break
     return out
@@ -71,7 +79,8 @@ class _Rates:
     def __init__(self) -> None:
         self.counts: dict[tuple[int, int], list[float]] = {}
 
-    def add(self, key: tuple[int, int], success: bool) -> None:
+    def add(self, key: tuple[int, int], success: bool | float) -> None:
+        """One trial: its outcome, or the chance it had (its expected outcome)."""
         c = self.counts.setdefault(key, [0.0, 0.0])
         c[0] += 1.0
         c[1] += float(success)
@@ -229,13 +238,14 @@ class UCBBandit:
             rates.scale(fade)
         if outcomes:
             self.backoff = 1 if DepthOutcome(*outcomes[0]).kept else min(2 * self.backoff, IDLE_BACKOFF)
-        for depth, width, kept, first in outcomes:
+        for depth, width, kept, first, chance in (DepthOutcome(*o) for o in outcomes):
             if width == 0:
                 self.beyond.add((depth, 0), kept)
-            elif width == 1:
-                self.first.add((depth, 0), kept)
+                continue
+            if width == 1:
+                self.first.add((depth, 0), kept if chance is None else chance)
             else:
-                self.first.add((depth, 0), first)
+                self.first.add((depth, 0), first if chance is None else chance)
                 if not first:
                     self.other.add((depth, width), kept)
 

@@ -8,11 +8,13 @@ import logging
 import sys
 
 from specdec.bench import LONG_LENGTHS
-from specdec.config import BANDIT_SCOPES, DEFAULT_ARMS, METHODS, REWARDS, GenerationConfig
+from specdec.config import BANDIT_SCOPES, DEFAULT_ARMS, DEFAULT_SAMPLING_ARMS, METHODS, REWARDS, GenerationConfig
 from specdec.models import DEFAULT_TARGET, ModelLoadError, Models
 from specdec.passages import licence_prompts
 from specdec.registry import KINDS, MODEL_KINDS
 from specdec.records import RoundRecord, Summary
+
+ARMS_HELP = f"bandit arms for *-ucb (default '{DEFAULT_ARMS}'; under sampling '{DEFAULT_SAMPLING_ARMS}')"
 
 DEFAULT_BENCH_METHODS = "ar,mamba-ucb,mamba-chain,mamba-tree,tf-tree,lookup-chain,hf-ar,hf-assisted,hf-lookup"
 
@@ -34,7 +36,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--target", default=DEFAULT_TARGET, help="preset, local folder, .gguf file or hub id")
     g.add_argument("--drafter", default=None, help="drafter model for the method (preset, folder or hub id)")
     g.add_argument("--tree", default=None, help="tree shape: a chain length like 4, or widths like 3,2,1")
-    g.add_argument("--arms", default=None, help=f"bandit arms for *-ucb (default '{DEFAULT_ARMS}')")
+    g.add_argument("--arms", default=None, help=ARMS_HELP)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--max-new-tokens", type=int, default=128)
@@ -110,7 +112,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--bandit-scope", default="session", choices=BANDIT_SCOPES,
                    help="*-ucb methods: one bandit for the whole run, as the app keeps one per browser session "
                         "(session), or a fresh one per prompt (prompt)")
-    b.add_argument("--arms", default=None, help=f"bandit arms for *-ucb (default '{DEFAULT_ARMS}')")
+    b.add_argument("--arms", default=None, help=ARMS_HELP)
     b.add_argument("--reward", default="pooled", choices=REWARDS, help="bandit reward for *-ucb")
     b.add_argument("--lambda-ucb", type=float, default=None, help="bandit exploration weight for *-ucb")
     b.add_argument("--min-branch-q", type=float, default=None, help=MIN_BRANCH_Q_HELP)

@@ -24,7 +24,7 @@ from specdec.drafters import Drafter, DraftTree, LookupBranch, Sampler
 from specdec.verify import TreeLM
 from specdec.models import LoadedModel, Models
 from specdec.records import EmittedToken, RoundRecord, Summary, TreeNode
-from specdec.sampling import Acceptance, accept_greedy, accept_sampling, logits_to_probs
+from specdec.sampling import Acceptance, accept_greedy, accept_sampling, first_child_chances, logits_to_probs
 from specdec.tree import TreeShape
 
 
@@ -203,8 +203,10 @@ def _round(g: _Generation) -> _Round:
     g.new_ids.extend(emitted_ids)
     round_s = time.perf_counter() - t_round
     if g.bandit:
+        chances = None if config.greedy else first_child_chances(tree.tokens, tree.parents, acc.path, p,
+                                                                   tree.q, tree.point)
         g.bandit.observe(arm, len(emitted_ids), tree.shape.depth, round_s,
-                         depth_outcomes(tree.parents, acc.path, tree.shape.widths))
+                         depth_outcomes(tree.parents, acc.path, tree.shape.widths, chances))
     g.rounds += 1
     g.accepted += len(acc.path) - 1
     g.tested += acc.tested_depths

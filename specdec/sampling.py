@@ -135,3 +135,25 @@ def accept_sampling(tokens: list[int], parents: list[int], p: torch.Tensor, q: t
         path.append(kids[j])
     bonus = int(sample(p[path[-1]], 1, generator))
     return Acceptance(path, bonus, True, rejected, tested)
+
+
+def first_child_chances(tokens: list[int], parents: list[int], path: list[int], p: torch.Tensor,
+                        q: torch.Tensor | None, point: list[bool] | None = None) -> list[float]:
+    """For each node of an accepted `path`, the chance that its first child would be kept, averaged over what the
+    drafter could have drawn there: sum_x min(p(x), q(x)) (one minus the distance between the two laws); p(x)
+    for a child proposed with a point mass; 0 for a node with no children. The acceptance test draws a coin
+    with this chance; the bandit learns from the chance itself, which varies far less from round to round.
+    p, q: [n, V] as `accept_sampling` reads them."""
+    children = children_of(parents)
+    chances = [0.0] * len(path)
+    drawn = [i for i, node in enumerate(path) if children[node] and not (point and point[children[node][0]])]
+    if drawn and q is not None:
+        rows = [path[i] for i in drawn]
+        q_rows = q[torch.tensor(rows, device=q.device)].to(p.device)
+        for i, chance in zip(drawn, torch.minimum(p[torch.tensor(rows, device=p.device)], q_rows).sum(-1).tolist()):
+            chances[i] = chance
+    for i, node in enumerate(path):
+        if children[node] and point and point[children[node][0]]:
+            chances[i] = float(p[node, tokens[children[node][0]]])
+    return chances
+

@@ -66,12 +66,44 @@ DEAR, CHEAP = (0.3, 0.08), (0.04, 0.05)  # a machine's cost of verifying a node 
 def test_depth_outcomes_follow_the_accepted_path():
     """A (2,1) tree with a copied branch grafted under node 3, past the shape: nodes 5 and 6."""
     parents = [-1, 0, 0, 1, 2, 3, 5]
-    assert depth_outcomes(parents, [0, 1, 3, 5], (2, 1)) == [(1, 2, True, True), (2, 1, True, True),
-                                                              (3, 0, True, True), (4, 0, False, False)]
-    assert depth_outcomes(parents, [0, 2], (2, 1)) == [(1, 2, True, False), (2, 1, False, False)]
-    assert depth_outcomes(parents, [0], (2, 1)) == [(1, 2, False, False)]
-    assert depth_outcomes([-1], [0], (2, 1)) == [(1, 2, False, False)]  # a shape trimmed to its root: a failure
+    assert depth_outcomes(parents, [0, 1, 3, 5], (2, 1)) == [(1, 2, True, True, None), (2, 1, True, True, None),
+                                                              (3, 0, True, True, None), (4, 0, False, False, None)]
+    assert depth_outcomes(parents, [0, 2], (2, 1)) == [(1, 2, True, False, None), (2, 1, False, False, None)]
+    assert depth_outcomes(parents, [0], (2, 1)) == [(1, 2, False, False, None)]
+    assert depth_outcomes([-1], [0], (2, 1)) == [(1, 2, False, False, None)]  # trimmed to its root: a failure
     assert depth_outcomes([-1], [0], ()) == []  # arm "0": nothing drafted, nothing learnt
+
+
+def test_depth_outcomes_carry_the_first_childs_chance_where_it_is_alone_or_has_drafted_siblings():
+    parents = [-1, 0, 0, 1, 2, 3, 5]  # as above: (2,1) with a copied branch grafted under node 3
+    outcomes = depth_outcomes(parents, [0, 1, 3, 5], (2, 1), [0.4, 0.3, 0.9, 0.0])
+    assert [o.chance for o in outcomes] == [0.4, 0.3, 0.9, 0.0]
+    chain_with_copy = [-1, 0, 0]  # width 1, and a copied sibling at depth 1: the coin, not the drafted child's chance
+    assert depth_outcomes(chain_with_copy, [0, 2], (1,), [0.4, 0.0])[0].chance is None
+
+
+def test_under_sampling_the_pooled_bandit_learns_the_chance_not_the_coin():
+    """A round whose first drafted token was rejected, though it had a 0.6 chance: the bandit that reads the
+    chance counts 0.6 kept, not 0 (FIRST_PRIOR 0.5 over one round: 0.55 against 0.25)."""
+    shape = parse_arms("3")[0]
+    coin, chance = (UCBBandit(parse_arms("0; 3")) for _ in range(2))
+    coin.observe(1, 1, 3, 0.05, depth_outcomes(shape.parents, [0], shape.widths))
+    chance.observe(1, 1, 3, 0.05, depth_outcomes(shape.parents, [0], shape.widths, [0.6]))
+    assert coin.first.rate(1, 0, bandit_module.FIRST_PRIOR) == pytest.approx(0.25)
+    assert chance.first.rate(1, 0, bandit_module.FIRST_PRIOR) == pytest.approx(0.55)
+
+
+def test_reading_the_chance_keeps_the_bandit_off_arm_0_when_drafting_pays_a_little():
+    """Each first guess kept with probability 0.3 on the stand-in machine: drafting pays about 10%, but ten
+    rounds of coins often say otherwise, and the bandit spends rounds on arm "0". Learning from the chance each
+    guess had (what the engine passes under sampling) it spends far fewer, and is at least as fast."""
+    coins = [_run(GenerationConfig(method="mamba-ucb"), [(0.3, CHEAP)], seed, prompt_rounds=50)
+             for seed in (1, 2, 3, 4)]
+    chances = [_run(GenerationConfig(method="mamba-ucb"), [(0.3, CHEAP)], seed, prompt_rounds=50, chances=True)
+               for seed in (1, 2, 3, 4)]
+    idle = [sum(chosen.count(0) for chosen, _ in runs) for runs in (coins, chances)]
+    assert idle[1] < idle[0] / 2, idle
+    assert sum(speed for _, (speed,) in chances) >= sum(speed for _, (speed,) in coins), (coins, chances)
 
 
 def test_pooled_predicts_each_shapes_tokens_from_every_drafting_round():
@@ -98,10 +130,12 @@ def test_pooled_predicts_each_shapes_tokens_from_every_drafting_round():
         bandit.observe(1, 1, 2, 0.06)
 
 
-def _stand_in_round(shape, keep: float, machine: tuple[float, float], rng: random.Random) -> tuple[int, float, list]:
+def _stand_in_round(shape, keep: float, machine: tuple[float, float], rng: random.Random,
+                    chances: bool = False) -> tuple[int, float, list]:
     """One round of a stand-in engine: (tokens emitted, seconds, depth outcomes). A target step takes 50 ms;
     verifying a tree costs more per node and drafting costs per level (`machine`, in steps); each level's first
-    guess is kept with probability `keep` (the text: how well the drafter guesses it)."""
+    guess is kept with probability `keep` (the text: how well the drafter guesses it). With `chances` the
+    outcomes carry that probability too, as the engine's do under sampling."""
     per_node, per_level = machine
     depth = 0
     while depth < shape.depth and rng.random() < keep:
@@ -110,12 +144,13 @@ def _stand_in_round(shape, keep: float, machine: tuple[float, float], rng: rando
     parents, path = shape.parents, [0]
     for _ in range(depth):  # down the first child of each level
         path.append(parents.index(path[-1]))
-    outcomes = depth_outcomes(parents, path, shape.widths) if shape.depth else []
+    first_chances = [keep if node in parents else 0.0 for node in path]  # a leaf has no child to keep
+    outcomes = depth_outcomes(parents, path, shape.widths, first_chances if chances else None) if shape.depth else []
     return depth + 1, seconds * rng.uniform(0.9, 1.1), outcomes  # the machine's timing noise
 
 
 def _run(config: GenerationConfig, phases: list[tuple[float, tuple[float, float]]], seed: int = 1,
-         prompt_rounds: int | None = None) -> tuple[list[int], list[float]]:
+         prompt_rounds: int | None = None, chances: bool = False) -> tuple[list[int], list[float]]:
     """The bandit of `config` on the stand-in engine, one phase of 200 rounds per (keep, machine), a new prompt
     every `prompt_rounds` rounds. -> (the arm of every round, each phase's tokens per second over the target
     alone's)."""
@@ -126,7 +161,7 @@ def _run(config: GenerationConfig, phases: list[tuple[float, tuple[float, float]
             if prompt_rounds and chosen and len(chosen) % prompt_rounds == 0:
                 bandit.new_prompt()
             arm = bandit.select()
-            emitted, took, outcomes = _stand_in_round(bandit.arms[arm], keep, machine, rng)
+            emitted, took, outcomes = _stand_in_round(bandit.arms[arm], keep, machine, rng, chances)
             bandit.observe(arm, emitted, bandit.arms[arm].depth, took, outcomes)
             chosen.append(arm)
             tokens, seconds = tokens + emitted, seconds + took

@@ -1,7 +1,8 @@
 import torch
 from scipy.stats import chisquare
 
-from specdec.sampling import accept_greedy, accept_node, accept_sampling, logits_to_probs, residual
+from specdec.sampling import (accept_greedy, accept_node, accept_sampling, first_child_chances, logits_to_probs,
+                              residual)
 
 
 def test_residual_is_normalised_positive_part():
@@ -77,3 +78,21 @@ def test_point_mass_children_keep_the_node_exact():
     # treating the copy as one more draw from q is detectably wrong
     wrong = emitted_counts(p, q, two_draws_and(lambda i: 1), n, g)
     assert chisquare(wrong.numpy(), (p * n).numpy()).pvalue < 1e-6
+
+
+def test_first_child_chances_are_the_acceptance_of_a_first_child_drawn_from_q():
+    """sum_x min(p(x), q(x)) at each node of the path: how often `accept_node` keeps a first child drawn from q
+    there; p(x) for a copied first child; 0 where the node has no child."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(4, 6, generator=g), -1)  # [n, V]
+    q = torch.softmax(torch.randn(4, 6, generator=g), -1)
+    tokens, parents, path = [0, 2, 3, 1], [-1, 0, 0, 1], [0, 1, 3]  # root -> 1, 2; 1 -> 3 (a leaf)
+    chances = first_child_chances(tokens, parents, path, p, q)
+    for node, chance in zip(path[:2], chances):
+        assert abs(chance - float(sum(q[node, x] * min(1.0, p[node, x] / q[node, x]) for x in range(6)))) < 1e-6
+    assert chances[2] == 0.0
+    draws = torch.multinomial(q[0], 4000, replacement=True, generator=g).tolist()
+    kept = sum(accept_node(p[0], q[0], [x], torch.rand(1, generator=g))[0] == 0 for x in draws)
+    assert abs(kept / 4000 - chances[0]) < 0.025  # about 3.3 standard errors
+    copied = first_child_chances(tokens, parents, path, p, q, point=[False, True, False, False])
+    assert copied[0] == float(p[0, 2]) and copied[1] == chances[1]

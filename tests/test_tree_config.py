@@ -42,6 +42,15 @@ def test_arms():
         parse_arms("3; 3")
 
 
+def test_the_bandit_chooses_among_chains_under_sampling_unless_told_its_arms():
+    def arms(**kwargs) -> list[str]:
+        return [a.name for a in GenerationConfig(method="mamba-ucb", **kwargs).shapes()]
+
+    assert arms() == ["none", "chain 3", "(2,1,1)", "(2,1,1,1)"]
+    assert arms(temperature=0.7) == ["none", "chain 3", "chain 4"]
+    assert arms(temperature=0.7, arms="0; 2,1") == ["none", "(2,1)"]
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"max_new_tokens": -1}, "max_new_tokens"),
     ({"max_new_tokens": 10**6}, "max_new_tokens"),
