@@ -98,10 +98,10 @@ def decode(model: PreTrainedModel, input_ids: torch.Tensor, mask: torch.Tensor, 
     """Batched decoding of left-padded prompts [B, P] with a KV cache: greedy, or sampled at `temperature`.
 
     A row that has emitted EOS leaves the batch (its cache rows are dropped), so the steps after it cost only the
-    rows still answering. Returns each prompt's top-k at its own positions but the last (from the prefill pass: free labels;
-    padding is not scored), as two lists of B tensors [p - 1, k]; the answer's top-k [B, T, k] twice (ids, log p
-    of the untempered target); and the answer tokens [B, T] (under greedy, ids[:, :, 0]). A row's entries after
-    its EOS are padding.
+    rows still answering. Returns each prompt's top-k at its own positions but the last (from the prefill pass:
+    free labels; padding is not scored), as two lists of B tensors [p - 1, k]; the answer's top-k [B, T, k] twice
+    (ids, log p of the untempered target); and the answer tokens [B, T] (under greedy, ids[:, :, 0]). A row's
+    entries after its EOS are padding.
     """
     cache = reserved_cache(model, mask.shape[1] + max_new_tokens)
     positions = (mask.cumsum(-1) - 1).clamp_min(0)  # [B, P]
@@ -186,7 +186,9 @@ def reserved_cache(model: PreTrainedModel, capacity: int) -> DynamicCache:
 
 def prompt_tokens(tokenizer: PreTrainedTokenizerBase, prompt: Prompt) -> list[int]:
     """A prompt's ids as the engine will feed them: the chat template around it (and its earlier turns)."""
-    return chat_ids(tokenizer, [*prompt.history, prompt.text]) if prompt.history else encode_prompt(tokenizer, prompt.text)
+    if prompt.history:
+        return chat_ids(tokenizer, [*prompt.history, prompt.text])
+    return encode_prompt(tokenizer, prompt.text)
 
 
 BATCH_TOKENS = 16384  # padded positions (prompt + answer) a batch of answers may hold
