@@ -281,12 +281,15 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype | None, vocab
         else:
             source, gguf = _resolve(spec)
         converted = _converted_folder(Path(source) / gguf) if gguf else None
+        if converted and not converted.is_dir():  # dequantised once, in float32 (exact), and kept for every dtype
+            model, tokenizer = _from_pretrained(source, gguf, torch.float32)
+            _keep_converted(model, tokenizer, converted)
+            if not converted.is_dir():  # it could not be kept: cast what was loaded, as a read of it would
+                model = model.to(dtype or cpu_auto_dtype(model.config))
         if converted and converted.is_dir():
             model, tokenizer = _from_pretrained(str(converted), None, dtype)
-        else:
+        elif not converted:
             model, tokenizer = _from_pretrained(source, gguf, dtype)
-            if converted and model.dtype == torch.float32:  # kept exact: other dtypes read it and cast, as from GGUF
-                _keep_converted(model, tokenizer, converted)
     except ModelLoadError:
         raise
     except (OSError, ValueError, KeyError, RuntimeError, ImportError) as err:

@@ -127,6 +127,32 @@ def test_a_converted_gguf_is_kept_exactly_and_read_back(monkeypatch, tmp_path):
     assert loaded.get_output_embeddings().weight.data_ptr() == loaded.get_input_embeddings().weight.data_ptr()
 
 
+def test_a_gguf_asked_for_in_bfloat16_is_converted_once_in_float32_and_kept(monkeypatch, tmp_path):
+    """The first load in any dtype dequantises in float32 and keeps the folder, so the next load of any dtype
+    reads it instead of converting again; the model it returns is the kept one read in the dtype asked for."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True))
+    real, asked = models_module._from_pretrained, []
+
+    def from_pretrained(source, gguf_file, dtype):
+        asked.append((gguf_file is not None, dtype))
+        return (model, None) if gguf_file else real(source, gguf_file, dtype)
+
+    folder = tmp_path / "converted" / "tiny"
+    monkeypatch.setattr(models_module, "_from_pretrained", from_pretrained)
+    monkeypatch.setattr(models_module, "_converted_folder", lambda gguf: folder)
+    loaded = load_model(DEFAULT_TARGET, CPU, torch.bfloat16).model
+    assert asked == [(True, torch.float32), (False, torch.bfloat16)] and folder.is_dir()
+    assert loaded.dtype == torch.bfloat16
+    assert all(torch.equal(a.to(torch.bfloat16), b) for a, b in zip(model.state_dict().values(),
+                                                                    loaded.state_dict().values()))
+    load_model(DEFAULT_TARGET, CPU, torch.float32)
+    assert asked[2:] == [(False, torch.float32)]  # kept: no second conversion
+
+
 def test_the_converted_folder_follows_the_file_and_can_be_turned_off(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     gguf = tmp_path / "model.gguf"
