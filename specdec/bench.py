@@ -29,8 +29,7 @@ import psutil
 import torch
 
 from specdec.bandit import UCBBandit
-from specdec.config import (BANDIT_SCOPES, DEFAULT_ARMS, DEFAULT_SAMPLING_ARMS, LOOKUP_BRANCH, METHODS, REWARDS,
-                            GenerationConfig)
+from specdec.config import BANDIT_SCOPES, LOOKUP_BRANCH, METHODS, REWARDS, GenerationConfig, default_arms
 from specdec.engine import encode_prompt, generate
 from specdec.models import Models
 from specdec.passages import LONG_TOPICS, example_documents, long_passage, summary_prompt
@@ -410,8 +409,7 @@ def run_config(models: Models, settings: Settings, prompts: int) -> dict:
         "drafter_dtype": str(models.drafter_dtype).removeprefix("torch."), "max_new_tokens": settings.max_new_tokens,
         "temperature": settings.temperature, "repeats": settings.repeats, "prompts": prompts,
         "lookup_tokens": settings.lookup_tokens, "bandit_scope": settings.bandit_scope,
-        "arms": settings.arms or (DEFAULT_ARMS if settings.temperature == 0 else DEFAULT_SAMPLING_ARMS),
-        "reward": settings.reward,
+        "arms": settings.arms or default_arms(settings.temperature), "reward": settings.reward,
         "lambda_ucb": settings.lambda_ucb,  # None: each method's reward's default (its row's lambda_ucb)
         "min_branch_q": settings.min_branch_q if settings.min_branch_q is not None else GenerationConfig.min_branch_q,
         "min_expand_q": settings.min_expand_q if settings.min_expand_q is not None else GenerationConfig.min_expand_q,

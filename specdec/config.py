@@ -34,10 +34,16 @@ class Method:
 # runs, e.g. `python -m specdec bench --methods "ar,mamba-tree:3,mamba-tree:2;1;1,mamba-tree:2;1;1;1"`.
 DEFAULT_ARMS = "0; 3; 2,1,1; 2,1,1,1"
 # Under sampling a node's children are drawn i.i.d. from q, so a second child often repeats the first and a wider
-# tree pays for rows that add little: at temperature 0.7 a fixed (2,1,1) ran slower than a chain of 4 and no
-# faster than the target alone. The bandit then chooses among chains only (docs/benchmarks.md, "The bandit
+# tree pays for rows that add little; the bandit then chooses among chains only (docs/benchmarks.md, "The bandit
 # against fixed shapes").
 DEFAULT_SAMPLING_ARMS = "0; 3; 4"
+
+
+def default_arms(temperature: float) -> str:
+    """The `*-ucb` arms when none are given: `DEFAULT_ARMS` under greedy decoding, else `DEFAULT_SAMPLING_ARMS`."""
+    return DEFAULT_ARMS if temperature == 0 else DEFAULT_SAMPLING_ARMS
+
+
 DEFAULT_TREES = {"chain": "4", "tree": "2,1,1", "ucb": None, "none": None}
 
 
@@ -133,7 +139,7 @@ class GenerationConfig:
         if spec.policy == "none":
             return [TreeShape(())]
         if spec.policy == "ucb":
-            return parse_arms(self.arms or (DEFAULT_ARMS if self.greedy else DEFAULT_SAMPLING_ARMS))
+            return parse_arms(self.arms or default_arms(self.temperature))
         shape = parse_shape(self.tree or spec.default_tree)
         if shape.depth == 0:
             raise ValueError("the tree shape must draft at least one token; use method 'ar' for target-only decoding")

@@ -146,14 +146,17 @@ def first_child_chances(tokens: list[int], parents: list[int], path: list[int], 
     p, q: [n, V] as `accept_sampling` reads them."""
     children = children_of(parents)
     chances = [0.0] * len(path)
-    drawn = [i for i, node in enumerate(path) if children[node] and not (point and point[children[node][0]])]
-    if drawn and q is not None:
-        rows = [path[i] for i in drawn]
-        q_rows = q[torch.tensor(rows, device=q.device)].to(p.device)
-        for i, chance in zip(drawn, torch.minimum(p[torch.tensor(rows, device=p.device)], q_rows).sum(-1).tolist()):
-            chances[i] = chance
+    drawn, copied = [], []  # positions in `path` whose first child was drawn from q / copied (a point mass)
     for i, node in enumerate(path):
-        if children[node] and point and point[children[node][0]]:
-            chances[i] = float(p[node, tokens[children[node][0]]])
+        if children[node]:
+            (copied if point and point[children[node][0]] else drawn).append(i)
+    if drawn:
+        rows = torch.tensor([path[i] for i in drawn], device=p.device)
+        overlap = torch.minimum(p[rows], q[rows.to(q.device)].to(p.device)).sum(-1)
+        for i, chance in zip(drawn, overlap.tolist()):
+            chances[i] = chance
+    if copied:
+        nodes = [path[i] for i in copied]
+        for i, chance in zip(copied, p[nodes, [tokens[children[n][0]] for n in nodes]].tolist()):
+            chances[i] = chance
     return chances
-

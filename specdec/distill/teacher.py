@@ -210,15 +210,16 @@ def budget_batches(lengths: list[int], rows: int, tokens: int) -> Iterator[slice
 
 def generate_batch(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt],
                    max_new_tokens: int, k: int, temperature: float = 0.0,
-                   generator: torch.Generator | None = None) -> list[dict]:
+                   generator: torch.Generator | None = None, prompt_ids: list[list[int]] | None = None) -> list[dict]:
     """The target's answers (greedy, or sampled at `temperature`) to a batch of prompts, with top-k log p at each
     position.
 
     `label` marks answer positions (where the drafter will draft); `known` adds the prompt positions, whose
-    top-k comes free from the prefill pass (the target's law on user text).
+    top-k comes free from the prefill pass (the target's law on user text). `prompt_ids`: the prompts'
+    `prompt_tokens`, where the caller has them already.
     """
     eos = tokenizer.eos_token_id
-    prompt_ids = [prompt_tokens(tokenizer, p) for p in prompts]
+    prompt_ids = prompt_ids or [prompt_tokens(tokenizer, p) for p in prompts]
     width = max(map(len, prompt_ids))
     input_ids = torch.full((len(prompts), width), eos, dtype=torch.long)
     mask = torch.zeros_like(input_ids)
@@ -305,12 +306,11 @@ def generate_responses(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBas
     for path, group, bar in _pending(folder, shards, minutes, f"teacher responses ({name})"):
         index = int(path.stem.split("_")[1])
         generator = torch.Generator().manual_seed(1_000_003 * (sampled_pass + 1) + index) if temperature > 0 else None
-        lengths = [len(prompt_tokens(tokenizer, p)) + max_new_tokens for p in group]
-        order = sorted(range(len(group)), key=lengths.__getitem__)  # similar lengths share a batch: less padding
-        group = [group[i] for i in order]
-        cuts = budget_batches([lengths[i] for i in order], batch_size, batch_tokens)
-        sequences = [seq for cut in cuts
-                     for seq in generate_batch(model, tokenizer, group[cut], max_new_tokens, k, temperature, generator)]
+        ids = sorted(([prompt_tokens(tokenizer, p), p] for p in group), key=lambda pair: len(pair[0]))
+        group, ids = [p for _, p in ids], [i for i, _ in ids]  # similar lengths share a batch: less padding
+        cuts = budget_batches([len(i) + max_new_tokens for i in ids], batch_size, batch_tokens)
+        sequences = [seq for cut in cuts for seq in generate_batch(model, tokenizer, group[cut], max_new_tokens, k,
+                                                                   temperature, generator, ids[cut])]
         shard = _pack(sequences, split, k)
         save_shard(path, shard)
         written += int(shard["known"].sum())
