@@ -185,11 +185,15 @@ class UCBBandit:
         return [s / n if n else None for s, n in zip(self.reward_sums, self.pulls)]
 
     def ucb_values(self) -> list[float | None]:
+        """Each arm's mean plus its exploration bonus. Pooled, arm "0" gets none: its value is its cost alone, a
+        fact about the machine, and trying it teaches nothing about the guesses; when the drafter stops guessing,
+        the drafting arms' means fall below it by themselves."""
         if 0 in self.pulls:
             return [None] * len(self.arms)
         counts = self._counts()
         log_t = math.log(max(sum(counts), 1.0))
-        return [m + self.lambda_ucb * math.sqrt(2 * log_t / n) for m, n in zip(self.means(), counts)]
+        bonus = [0.0 if self.reward_kind == "pooled" and not arm.depth else self.lambda_ucb for arm in self.arms]
+        return [m + b * math.sqrt(2 * log_t / n) for m, b, n in zip(self.means(), bonus, counts)]
 
     def select(self) -> int:
         """Untried arms first, in order; then the highest UCB value (ties to the lower index)."""

@@ -70,7 +70,7 @@ MIN_EXPAND_Q = 0.3
 WHOLE_SHAPES = {"min_branch_q": 0.0, "min_expand_q": 0.0}  # GenerationConfig(**WHOLE_SHAPES): no trimming
 LOOKUP_BRANCH = 6  # tokens of a prompt-lookup branch, when one is asked for without a length
 REWARDS = ("pooled", "throughput", "paper")
-LAMBDA_UCB = {"pooled": 0.1, "throughput": 0.3, "paper": 0.3}  # each reward's default λ_UCB
+LAMBDA_UCB = {"pooled": 0.05, "throughput": 0.3, "paper": 0.3}  # each reward's default λ_UCB
 BANDIT_SCOPES = ("session", "prompt")  # one bandit for a whole session (or benchmark run), or one per prompt
 
 

@@ -116,7 +116,7 @@ def test_bandit_settings_per_method(tiny_models, prompts):
     methods = methods[:-1]
     assert result["config"]["arms"] == "0; 2,1" and result["config"]["reward"] == "pooled"
     assert result["config"]["lambda_ucb"] is None  # each reward's default, in each method's row
-    assert [result["methods"][m]["lambda_ucb"] for m in methods] == [None, 0.1, 0.3, 0.3]
+    assert [result["methods"][m]["lambda_ucb"] for m in methods] == [None, 0.05, 0.3, 0.3]
     assert result["config"]["bandit_scope"] == "session"
     for name in methods[1:]:
         assert result["methods"][name]["identical_to_ar"] is True
