@@ -139,11 +139,11 @@ def random_target(shape: dict, device: torch.device, dtype: torch.dtype, seed: i
 
 def shipped_drafter(name: str, device: torch.device, dtype: torch.dtype):
     """A drafter from assets/drafters, loaded with plain transformers (no tokenizer travels with it)."""
-    from transformers import AutoModelForCausalLM
+    from specdec.models import read_folder_model
 
     folder = DRAFTERS / name
     kwargs = {} if name.startswith("mamba") else {"attn_implementation": "sdpa"}
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs)
+    model = read_folder_model(folder, dtype, **kwargs)
     return model.to(device).eval(), str(folder)
 
 

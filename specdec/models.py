@@ -17,7 +17,8 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
-from safetensors.torch import save_model
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file, save_model
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec import probes
@@ -177,6 +178,58 @@ def build_random_model(kind: str, vocab_size: int, seed: int = 0) -> PreTrainedM
     return LlamaForCausalLM(config)
 
 
+INT8_ROWS = ".int8_rows"  # a tensor kept as int8 rows: `NAME.int8_rows` [V, d] int8 and `NAME.int8_scale` [V, 1]
+INT8_SCALE = ".int8_scale"
+
+
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per row: `weight ≈ rows * scale`, each row's largest |value| at 127 (a zero row: scale 1)."""
+    scale = weight.detach().float().abs().amax(dim=1, keepdim=True) / 127.0
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return torch.round(weight.detach().float() / scale).clamp_(-127, 127).to(torch.int8), scale
+
+
+def save_int8_embedding(model: PreTrainedModel, folder: Path) -> None:
+    """Rewrite `folder/model.safetensors` (as `save_pretrained` wrote it) with the model's input embedding, the
+    tied output layer too, as int8 rows: half the bytes of bfloat16 for a drafter whose embedding is most of
+    its weights. `read_folder_model` reads it back."""
+    path = folder / "model.safetensors"
+    embedding = model.get_input_embeddings().weight
+    name = next(n for n, p in model.named_parameters() if p is embedding)
+    with safe_open(str(path), "pt") as f:
+        metadata = f.metadata() or {}
+    tensors = load_file(str(path))
+    if name not in tensors:
+        raise ValueError(f"{path} has no tensor {name!r} to store as int8")
+    tensors.pop(name)
+    tensors[name + INT8_ROWS], tensors[name + INT8_SCALE] = quantize_rows(embedding)
+    save_file(tensors, str(path), metadata=metadata)
+
+
+def read_folder_model(source: str | Path, dtype: torch.dtype, **kwargs) -> PreTrainedModel:
+    """`AutoModelForCausalLM.from_pretrained(source, dtype=dtype)`, except that a local folder whose weights hold
+    int8 rows (`save_int8_embedding`) is built from its config and given them dequantized, in `dtype`."""
+    path = Path(source) / "model.safetensors"
+    if path.is_file():
+        with safe_open(str(path), "pt") as f:
+            quantized = [k[:-len(INT8_ROWS)] for k in f.keys() if k.endswith(INT8_ROWS)]
+    if not path.is_file() or not quantized:
+        return AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=False, **kwargs)
+    config = AutoConfig.from_pretrained(source, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=False, **kwargs)
+    state = load_file(str(path))
+    for name in quantized:
+        rows, scale = state.pop(name + INT8_ROWS), state.pop(name + INT8_SCALE)
+        state[name] = (rows.float() * scale.float()).to(dtype)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {n for n, p in model.named_parameters(remove_duplicate=False)} - {n for n, p in model.named_parameters()}
+    if unexpected or set(missing) - tied:
+        raise ValueError(f"{path} does not match its config: missing {sorted(set(missing) - tied)}, "
+                         f"unexpected {sorted(unexpected)}")
+    model.tie_weights()
+    return model.eval()
+
+
 def _from_pretrained(source: str, gguf_file: str | None,
                      dtype: torch.dtype | None) -> tuple[PreTrainedModel, object]:
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
@@ -184,7 +237,8 @@ def _from_pretrained(source: str, gguf_file: str | None,
     dtype = dtype or cpu_auto_dtype(config)
     if config.model_type not in ATTENTION_FREE:  # the tree mask is a float mask, which sdpa and eager both take
         kwargs["attn_implementation"] = "sdpa"
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=False, **kwargs)
+    model = read_folder_model(source, dtype, **kwargs) if not gguf_file else \
+        AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=False, **kwargs)
     kwargs.pop("attn_implementation", None)
     if not _has_tokenizer(source, gguf_file):
         return model, None  # a drafter folder without one uses its target's; check_vocab then compares sizes

@@ -38,9 +38,9 @@ def cuda_models(tiny_models) -> Models:
 
 
 def shipped_mamba(dtype: torch.dtype):
-    from transformers import MambaForCausalLM
+    from specdec.models import read_folder_model
 
-    return MambaForCausalLM.from_pretrained(ASSETS / "drafters" / "mamba-smollm2", dtype=dtype).to(CUDA).eval()
+    return read_folder_model(ASSETS / "drafters" / "mamba-smollm2", dtype).to(CUDA).eval()
 
 
 def random_state(model, rows: int, seed: int) -> MambaState:

@@ -4,14 +4,15 @@ import json
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import DynamicCache
 
 from specdec.distill import corpus, teacher
 from specdec.distill.export import earlier_card, export, model_card
-from specdec.distill.plugin import PlugIn, build_drafter, mamba_hidden, save_drafter
+from specdec.distill.plugin import PlugIn, build_drafter, grow_layers, mamba_hidden, save_drafter
 from specdec.distill.recipe import TrainConfig, distill_loss, greedy_acceptance, target_weights
 from specdec.distill.train import load_run, read_segments, recipe_for, train
 from specdec.drafters.mixer import scan_sequence, selective_scan
+from specdec.models import quantize_rows, read_folder_model
 from tests.tiny import tiny_llama
 
 VOCAB = 64
@@ -187,10 +188,13 @@ def test_train_resumes_and_exports_a_loadable_drafter(data, tmp_path, arch):
     assert "continued" in card
 
     folder = save_drafter(model, draft_ids, None, tmp_path / f"{arch}-export")
-    loaded = AutoModelForCausalLM.from_pretrained(folder).eval()
+    loaded = read_folder_model(folder, torch.bfloat16)
+    expected = model.to(torch.bfloat16)  # what was saved: bf16, its embedding as int8 rows
+    rows, scale = quantize_rows(expected.get_input_embeddings().weight)
+    expected.get_input_embeddings().weight.data.copy_(rows.float() * scale)
     ids = torch.tensor([[5, 6, 7, 8]])
     with torch.no_grad():
-        assert torch.equal(loaded(ids).logits, model.to(torch.bfloat16)(ids).logits)
+        assert torch.equal(loaded(ids).logits, expected(ids).logits)
     assert json.loads((folder / "draft_vocab.json").read_text())["token_ids"] == draft_ids.tolist()
 
 
@@ -209,6 +213,26 @@ def test_a_warm_started_runs_card_ends_with_the_card_it_began_from(tmp_path):
 
 
 @pytest.mark.parametrize("arch", ["mamba", "transformer"])
+def test_grown_layers_start_as_the_identity_and_then_learn(arch):
+    """`train --init FOLDER --grow-layers N`: the appended layers leave the drafter's logits as they were, and a
+    training step moves them (their output projection gets a gradient)."""
+    torch.manual_seed(0)
+    model = build_drafter(TrainConfig(arch=arch, hidden=16, mamba_layers=2, tf_layers=2), VOCAB).eval()
+    ids = torch.randint(0, VOCAB, (2, 12))
+    with torch.no_grad():
+        before = model(ids).logits
+    grow_layers(model, 2)
+    layers = model.backbone.layers if arch == "mamba" else model.model.layers
+    assert len(layers) == model.config.num_hidden_layers == 4
+    with torch.no_grad():
+        assert torch.allclose(model(ids).logits, before, atol=1e-6)
+    model.train()
+    model(ids).logits.logsumexp(-1).mean().backward()
+    grown = layers[3].mixer.out_proj if arch == "mamba" else layers[3].mlp.down_proj
+    assert grown.weight.grad is not None and grown.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("arch", ["mamba", "transformer"])
 def test_a_plug_in_warm_start_begins_from_the_exported_drafter(data, tmp_path, arch):
     """`train --arch mamba --init FOLDER` (e.g. to continue the shipped drafter on longer windows): the fresh run
     takes the folder's weights, size and draft vocabulary, logs a step-0 point before training, and moves on."""
@@ -223,7 +247,7 @@ def test_a_plug_in_warm_start_begins_from_the_exported_drafter(data, tmp_path, a
     start, *trained = [json.loads(line) for line in (run / "curve.jsonl").read_text().splitlines()]
     assert (start["step"], start["loss"]) == (0, None) and [p["step"] for p in trained] == [1, 2]
     warm, warm_ids, counters = load_run(run)
-    exported = AutoModelForCausalLM.from_pretrained(folder)
+    exported = read_folder_model(folder, torch.float32)
     assert (warm.config.hidden_size, warm.config.num_hidden_layers) == (16, 2) and torch.equal(warm_ids, draft_ids)
     assert counters["config"]["hidden"] == 16 and counters["config"]["draft_vocab"] == 20
     assert not torch.equal(warm.get_input_embeddings().weight, exported.get_input_embeddings().weight.float())

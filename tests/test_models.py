@@ -8,7 +8,8 @@ import torch
 
 from specdec import cli
 from specdec import models as models_module
-from specdec.models import DEFAULT_TARGET, PRESETS, SHIPPED_DRAFTER_FILES, ModelLoadError, load_model
+from specdec.models import (DEFAULT_TARGET, PRESETS, SHIPPED_DRAFTER_FILES, ModelLoadError, build_random_model,
+                            load_model)
 
 SHIPPED = [name for name, preset in PRESETS.items() if preset.folder]
 CPU = torch.device("cpu")
@@ -107,6 +108,34 @@ def test_the_cpu_auto_dtype_follows_the_models_shapes_and_is_kept(monkeypatch, t
     answers["native"] = True
     loaded = load_model("random-tf", CPU, None, vocab_size=6)  # `auto` as the loader takes it: from the config
     assert loaded.model.dtype == torch.bfloat16 and calls[-1][0] == torch.bfloat16 and calls[-1][1][-1] == (6, 64)
+
+
+def test_an_embedding_kept_as_int8_rows_reads_back_within_half_a_step(tmp_path):
+    """`save_int8_embedding` stores the (tied) embedding as int8 rows with a scale each: every value reads back
+    within half a step of its row's scale, a zero row stays zero, the folder shrinks, the output layer stays
+    tied, and a folder whose tensors do not fit its config is refused rather than filled with random weights."""
+    from safetensors.torch import load_file, save_file
+
+    model = build_random_model("mamba", 500).to(torch.bfloat16).eval()
+    model.get_input_embeddings().weight.data[3] = 0
+    model.save_pretrained(tmp_path)
+    plain = (tmp_path / "model.safetensors").stat().st_size
+    models_module.save_int8_embedding(model, tmp_path)
+    embedding_bytes = model.get_input_embeddings().weight.numel() * 2
+    assert plain - (tmp_path / "model.safetensors").stat().st_size > 0.45 * embedding_bytes  # bf16 -> int8 + scales
+    loaded = models_module.read_folder_model(tmp_path, torch.float32)
+    before, after = model.get_input_embeddings().weight.float(), loaded.get_input_embeddings().weight
+    _, scale = models_module.quantize_rows(before)
+    assert ((before - after).abs() <= scale / 2 + 1e-6).all() and not after[3].any() and (before != after).any()
+    assert loaded.get_output_embeddings().weight.data_ptr() == loaded.get_input_embeddings().weight.data_ptr()
+    rest = [n for n, p in model.named_parameters() if p is not model.get_input_embeddings().weight]
+    assert all(torch.equal(dict(model.named_parameters())[n].float(), dict(loaded.named_parameters())[n])
+               for n in rest)
+    state = load_file(str(tmp_path / "model.safetensors"))
+    state["backbone.extra.weight"] = torch.zeros(2)
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="unexpected"):
+        models_module.read_folder_model(tmp_path, torch.float32)
 
 
 def test_a_converted_gguf_is_kept_exactly_and_read_back(monkeypatch, tmp_path):

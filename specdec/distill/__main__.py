@@ -93,7 +93,7 @@ def stage_train(args: argparse.Namespace) -> None:
                          batch_size=args.train_batch, lr=args.lr, draft_vocab=args.draft_vocab, seed=args.seed,
                          response_share=args.response_share, eval_every=args.eval_every, threads=args.threads,
                          hidden=args.hidden, mamba_layers=args.layers, tf_layers=args.layers,
-                         init=str(args.init) if args.init else None,
+                         init=str(args.init) if args.init else None, grow_layers=args.grow_layers,
                          tokenizer=str(args.tokenizer) if args.tokenizer else None)
     run = args.data / "runs" / args.name
     saved = json.loads((run / "train_config.json").read_text()) if (run / "ckpt.pt").exists() else None
@@ -246,6 +246,8 @@ def _train_options(train: argparse._ArgumentGroup) -> None:
     train.add_argument("--init", type=Path, default=None,
                        help="start a fresh run from this exported drafter folder of the same --arch (its weights, "
                             "draft vocabulary and size; a new optimizer), e.g. assets/drafters/mamba-smollm2")
+    train.add_argument("--grow-layers", type=int, default=0,
+                       help="with --init: append this many layers to the folder's, each starting as the identity")
     train.add_argument("--tokenizer", type=Path, default=None,
                        help="the drafter's own tokenizer folder (the `tokenizer` stage writes one): a Mamba drafter "
                             "for a target of another tokenizer, the engine's xmamba kind")

@@ -148,7 +148,8 @@ class CrossPlugIn(PlugIn):
                 f"{self.layers(config)} layers, tied embedding) with a tokenizer of its own: a byte-level BPE of "
                 f"{len(self.tokenizer):,} tokens trained on the distillation corpus. It drafts for "
                 "**SmolLM2-135M-Instruct** in the `specdec` engine's `xmamba` methods, which turn its guesses into "
-                f"text and re-encode them in the target's tokens. Weights in bfloat16 ({size / 2**20:.1f} MiB folder).")
+                f"text and re-encode them in the target's tokens. Weights in bfloat16, the embedding as int8 rows "
+                f"({size / 2**20:.1f} MiB folder).")
         if self.target_tokenizer is not None:
             shared = overlap(self.target_tokenizer, self.tokenizer)
             text += (f"\n\nVocabulary overlap with the target: {shared['shared']:,} tokens with the same string, "

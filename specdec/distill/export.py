@@ -1,7 +1,8 @@
 """Stage (e): a trained run, of any recipe, as the drafter folder the engine loads, with a model card.
 
-A plug-in drafter's folder is a Hugging Face folder (`from_pretrained`-loadable): `config.json` +
-`model.safetensors` (bfloat16, tied embedding); a feature drafter's holds its own weights only. Both hold
+A plug-in drafter's folder is a Hugging Face folder: `config.json` + `model.safetensors` (bfloat16, the tied
+embedding as int8 rows with a scale each, which `specdec.models.read_folder_model` loads); a feature drafter's
+holds its own weights only. Both hold
 `draft_vocab.json` = {"token_ids": V_d}: the ids the draft head scores; the engine sets q = 0 elsewhere, which
 keeps speculative sampling exact. Neither holds a tokenizer: a drafter uses its target's (the engine then checks
 that the two score the same number of tokens), which keeps a copy of the target's tokenizer out of every drafter
@@ -88,6 +89,7 @@ def _reproduce(recipe: Recipe, name: str, config: dict, segments: list[dict]) ->
                      f"--eval-every {seg['eval_every']}"
                      + (f" --threads {seg['threads']}" if seg['threads'] else "")
                      + (f" --init {config['init']}" if config.get("init") and index == 0 else "")
+                     + (f" --grow-layers {config['grow_layers']}" if config.get("grow_layers") and index == 0 else "")
                      + (f" --tokenizer {config['tokenizer']}" if config.get("tokenizer") else ""))
     return "\n".join(lines)
 

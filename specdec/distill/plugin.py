@@ -2,7 +2,8 @@
 
 The drafter is a Mamba or a Llama-style Transformer with a tied embedding, initialised from an SVD projection of
 the target's `E`, trained on H(p, q) over its draft vocabulary V_d (`specdec.distill.recipe`), and saved as a
-Hugging Face folder (`from_pretrained`-loadable) with `draft_vocab.json`.
+Hugging Face folder with `draft_vocab.json`, its embedding as int8 rows (`specdec.models.save_int8_embedding`;
+`specdec.models.read_folder_model` loads it).
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ import torch
 from transformers import (AutoConfig, LlamaConfig, LlamaForCausalLM, MambaConfig, MambaForCausalLM, PreTrainedModel,
                           PreTrainedTokenizerBase)
 
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+from transformers.models.mamba.modeling_mamba import MambaBlock
+
 from specdec.distill.recipe import Answer, Recipe, TrainConfig, choose_draft_vocab, distill_loss
 from specdec.distill.teacher import Shard
 from specdec.drafters.mamba import MambaDrafter
 from specdec.drafters.mixer import blocks_forward
 from specdec.verify import TreeLM
-from specdec.models import LoadedModel
+from specdec.models import LoadedModel, read_folder_model, save_int8_embedding
 from specdec.vocab import load_draft_vocab
 
 
@@ -37,6 +41,28 @@ def build_drafter(config: TrainConfig, vocab_size: int) -> PreTrainedModel:
                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
                                         rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1,
                                         eos_token_id=2, pad_token_id=2))
+
+
+def grow_layers(model: PreTrainedModel, extra: int) -> None:
+    """Append `extra` layers to a Mamba or Llama-style drafter, each starting as the identity (its residual
+    branch's output projection zero): the grown drafter computes what it did, and the new layers learn from
+    there (`train --init FOLDER --grow-layers N`)."""
+    layers = model.backbone.layers if model.config.model_type == "mamba" else model.model.layers
+    first = len(layers)
+    model.config.num_hidden_layers = first + extra
+    reference = next(model.parameters())
+    for index in range(first, first + extra):
+        if model.config.model_type == "mamba":
+            block = MambaBlock(model.config, layer_idx=index)
+            block.mixer.init_mamba_weights()  # what transformers' `_init_weights` does for a mixer (A, D, Δ)
+            outputs = [block.mixer.out_proj]
+        else:
+            block = LlamaDecoderLayer(model.config, layer_idx=index)
+            outputs = [block.self_attn.o_proj, block.mlp.down_proj]
+        with torch.no_grad():
+            for linear in outputs:
+                linear.weight.zero_()
+        layers.append(block.to(reference.device, reference.dtype))
 
 
 def project_embedding(target_embedding: torch.Tensor, dim: int, std: float = 0.02) -> torch.Tensor:
@@ -69,11 +95,14 @@ def draft_logits(model: PreTrainedModel, input_ids: torch.Tensor, draft_ids: tor
 
 def save_drafter(model: PreTrainedModel, draft_ids: torch.Tensor, tokenizer: PreTrainedTokenizerBase | None,
                  folder: Path, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write the drafter in `dtype` (bf16 halves the folder; the engine casts to its run dtype), the tokenizer
-    when given (its `tokenizer.json` as compact JSON), and `draft_vocab.json` when the head scores fewer than
-    all of the drafter's tokens."""
+    """Write the drafter in `dtype` (bf16 halves the folder; the engine casts to its run dtype) with its
+    embedding as int8 rows (half again of what is most of a small drafter), the tokenizer when given (its
+    `tokenizer.json` as compact JSON), and `draft_vocab.json` when the head scores fewer than all of the
+    drafter's tokens."""
     folder.mkdir(parents=True, exist_ok=True)
-    copy.deepcopy(model).to(dtype).save_pretrained(folder)  # the caller's model keeps its precision
+    saved = copy.deepcopy(model).to(dtype)  # the caller's model keeps its precision
+    saved.save_pretrained(folder)
+    save_int8_embedding(saved, folder)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
         if hasattr(tokenizer, "backend_tokenizer"):  # a fast tokenizer: one line of JSON, not indented
@@ -121,7 +150,9 @@ class PlugIn(Recipe):
         found = AutoConfig.from_pretrained(config.init)
         if found.model_type != cls.config_class.model_type or found.vocab_size != vocab_size:
             raise SystemExit(f"{config.init} is not a {self.kind} drafter scoring this target's {vocab_size} tokens")
-        model = cls.from_pretrained(config.init, dtype=torch.float32)
+        model = read_folder_model(config.init, torch.float32)
+        if config.grow_layers:
+            grow_layers(model, config.grow_layers)
         config.hidden = model.config.hidden_size
         config.mamba_layers = config.tf_layers = model.config.num_hidden_layers
         draft_ids = load_draft_vocab(config.init)
@@ -183,7 +214,8 @@ class PlugIn(Recipe):
         return f"""A {arch} drafter ({params / 1e6:.1f}M parameters: d_model {config['hidden']}, {self.layers(config)} layers,
 tied embedding initialised from an SVD projection of the target's) distilled from **SmolLM2-135M-Instruct** for
 speculative decoding with the `specdec` engine. The draft head scores {vocab:,} token ids (`draft_vocab.json`,
-the target's most frequent greedy tokens); q is 0 elsewhere. Weights in bfloat16 ({size / 2**20:.1f} MiB folder)."""
+the target's most frequent greedy tokens); q is 0 elsewhere. Weights in bfloat16, the embedding as int8 rows
+({size / 2**20:.1f} MiB folder)."""
 
     def describe_loss(self) -> str:
         return "Loss H(p, q) on the target's top-k (restricted to the draft vocabulary),"

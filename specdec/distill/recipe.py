@@ -46,6 +46,7 @@ class TrainConfig:
     eval_every: int = 200
     threads: int | None = None
     init: str | None = None  # a fresh run starts from this exported drafter folder (weights, V_d, size)
+    grow_layers: int = 0  # with `init`: layers appended to the folder's, each starting as the identity
     tokenizer: str | None = None  # the drafter's own tokenizer folder (a drafter for a target of another tokenizer)
 
 

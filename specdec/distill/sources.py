@@ -116,15 +116,16 @@ def chat_ids(tokenizer: PreTrainedTokenizerBase, turns: list[str]) -> list[int]:
 @torch.inference_mode()
 def answer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, chats: list[list[str]], max_new_tokens: int,
            temperature: float, seed: int, top_p: float = 1.0) -> list[str]:
-    """The target's answers to a batch of chats (transformers' `generate`; sampled at `temperature` and `top_p`
-    after seeding torch with `seed`, or greedy at 0)."""
+    """The target's answers to a batch of chats (`teacher.decode`: one batch, its finished rows leaving it;
+    sampled at `temperature` and `top_p` from a generator seeded with `seed`, or greedy at 0)."""
+    from specdec.distill.teacher import decode  # the teacher reads this module's `chat_ids`
+
+    eos = tokenizer.eos_token_id
     ids, mask = _pad_left(tokenizer, [chat_ids(tokenizer, turns) for turns in chats])
-    torch.manual_seed(seed)
-    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=top_p) if temperature > 0 else \
-        dict(do_sample=False)
-    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                         pad_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id, **sampling)
-    return tokenizer.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)
+    *_, tokens = decode(model, ids, mask, max_new_tokens, 1, eos, temperature,
+                        torch.Generator().manual_seed(seed), top_p)
+    rows = [row[:row.index(eos)] if eos in row else row for row in tokens.tolist()]
+    return tokenizer.batch_decode(rows, skip_special_tokens=True)
 
 
 def _batches_kept(path: Path, requests: list, batch_size: int, run: Callable[[int, list], list[str]]) -> list[str]:

@@ -34,6 +34,7 @@ from transformers.cache_utils import DynamicLayer
 from specdec.distill.corpus import DOMAINS, LONG_DOMAIN, Prompt, read_documents, read_prompts
 from specdec.distill.sources import chat_ids
 from specdec.engine import encode_prompt
+from specdec.sampling import logits_to_probs
 
 Shard = dict
 
@@ -94,8 +95,10 @@ def prompt_top_k(head: torch.nn.Module, hidden: torch.Tensor, k: int) -> tuple[t
 
 @torch.inference_mode()
 def decode(model: PreTrainedModel, input_ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, k: int,
-           eos: int, temperature: float = 0.0, generator: torch.Generator | None = None) -> tuple[torch.Tensor, ...]:
-    """Batched decoding of left-padded prompts [B, P] with a KV cache: greedy, or sampled at `temperature`.
+           eos: int, temperature: float = 0.0, generator: torch.Generator | None = None,
+           top_p: float = 1.0) -> tuple[torch.Tensor, ...]:
+    """Batched decoding of left-padded prompts [B, P] with a KV cache: greedy, or sampled at `temperature` (and
+    `top_p`).
 
     A row that has emitted EOS leaves the batch (its cache rows are dropped), so the steps after it cost only the
     rows still answering. Returns each prompt's top-k at its own positions but the last (from the prefill pass:
@@ -122,7 +125,7 @@ def decode(model: PreTrainedModel, input_ids: torch.Tensor, mask: torch.Tensor, 
         ids, logp = top_k_logp(last, k)  # [b, k]
         answer_ids[rows, step], answer_logp[rows, step] = ids, logp
         if temperature > 0:
-            law = torch.softmax(last.float() / temperature, dim=-1)
+            law = logits_to_probs(last, temperature, top_p)
             token = torch.multinomial(law, 1, generator=generator)[:, 0]
         else:
             token = ids[:, 0].long()
