@@ -16,6 +16,7 @@ first token) and with its own guess of it (any deeper token). Its held-out answe
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from functools import cache
 from itertools import pairwise
@@ -24,11 +25,13 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from specdec.distill.recipe import Answer, answers, target_weights
-from specdec.distill.train import recipe_for
-from specdec.drafters.mamba_feat import MambaFeatModel, is_feat_folder
-from specdec.models import DEFAULT_TARGET, Models, load_model
-from specdec.vocab import load_draft_vocab
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
+
+from specdec.distill.recipe import Answer, answers, target_weights  # noqa: E402
+from specdec.distill.train import recipe_for  # noqa: E402
+from specdec.drafters.mamba_feat import MambaFeatModel, is_feat_folder  # noqa: E402
+from specdec.models import DEFAULT_TARGET, Models, load_model  # noqa: E402
+from specdec.vocab import load_draft_vocab  # noqa: E402
 
 EDGES = (0, 256, 1024, 4096, 16384)  # prompt tokens: the table's length groups
 COLUMNS = {"all": "", "real": ", real feature of p-1", "guessed": ", own guess"}  # the recipes' overall figures
@@ -67,15 +70,17 @@ def group_name(prompt_tokens: int) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--teacher", required=True, help="a teacher folder with responses/eval")
+    p.add_argument("--teacher", required=True, help="a teacher folder with held-out answers (responses/eval)")
     p.add_argument("--drafters", required=True, help="comma-separated drafter folders (plug-in or feature)")
     p.add_argument("--target", default=DEFAULT_TARGET, help="the target whose features a feature drafter reads")
+    p.add_argument("--held-out", default="eval", help="the folder of held-out answers under responses/ (e.g. "
+                                                          "eval-part1, a later corpus part's)")
     args = p.parse_args()
     target = cache(lambda: Models(args.target).target.model)  # loaded once, if a feature drafter asks
     results: dict[str, list] = {}
     held_out: list[Answer] = []
     for folder in args.drafters.split(","):
-        answers_read, counts = hits_per_answer(folder, Path(args.teacher) / "responses" / "eval", target)
+        answers_read, counts = hits_per_answer(folder, Path(args.teacher) / "responses" / args.held_out, target)
         if held_out and len(answers_read) != len(held_out):
             raise SystemExit(f"{folder} read {len(answers_read)} held-out answers, the others {len(held_out)}: "
                              "a feature drafter reads only shards with features (the `features` stage)")

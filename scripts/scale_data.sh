@@ -13,7 +13,7 @@ $P corpus --data "$DATA" --prompts-per-domain 1500 --eval-per-domain 16 --text-c
     --long-prompts 600 --long-eval 16 --system-prompts 600 --system-eval 16
 # Part 1: self-instruct prompts and two-turn chats, then their greedy answers first (the new sources). The
 # sources stage keeps what it wrote batch by batch, so its --batch-size must stay the same across resumes.
-$P sources --data "$DATA" --self-prompts 2000 --self-eval 32 --chat-prompts 1000 --chat-eval 16 --batch-size 16
+$P sources --data "$DATA" --self-prompts 2000 --self-eval 32 --chat-prompts 1000 --chat-eval 16 --batch-size 64
 $P teacher --data "$DATA" --part 1 --text-shards 0
 # Part 0's greedy answers and its labelled raw text.
 $P teacher --data "$DATA"
