@@ -16,7 +16,6 @@ from pathlib import Path
 import torch
 from transformers import (AutoConfig, LlamaConfig, LlamaForCausalLM, MambaConfig, MambaForCausalLM, PreTrainedModel,
                           PreTrainedTokenizerBase)
-
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 from transformers.models.mamba.modeling_mamba import MambaBlock
 
