@@ -16,7 +16,7 @@ from specdec.distill.teacher import load_shards
 from specdec.distill.tokenizer import overlap, train_tokenizer
 from specdec.distill.train import load_run, train
 from specdec.engine import generate
-from specdec.models import LoadedModel, Models
+from specdec.models import LoadedModel, Models, quantize_rows
 from tests.test_xmamba import bpe
 from tests.tiny import tiny_llama
 
@@ -103,9 +103,12 @@ def test_a_drafter_of_its_own_tokenizer_trains_resumes_evaluates_and_exports(dat
     ar = list(generate(models, prompt, GenerationConfig(method="ar", max_new_tokens=12), chat=False))[-1]
     sd = list(generate(models, prompt, GenerationConfig(method="xmamba-ucb", max_new_tokens=12), chat=False))[-1]
     assert sd.token_ids == ar.token_ids
-    loaded = models.drafter("xmamba").model.state_dict()  # the folder holds the trained weights, in bf16
-    for name, weight in model.state_dict().items():
-        assert torch.equal(loaded[name], weight.to(torch.bfloat16).to(loaded[name].dtype)), name
+    loaded = models.drafter("xmamba").model.state_dict()  # the trained weights, in bf16, the embedding as int8 rows
+    saved = {name: weight.to(torch.bfloat16) for name, weight in model.state_dict().items()}
+    rows, scale = quantize_rows(saved["backbone.embeddings.weight"])
+    saved["backbone.embeddings.weight"] = saved["lm_head.weight"] = rows.float() * scale  # tied; dequantized
+    for name, weight in saved.items():
+        assert torch.equal(loaded[name], weight.to(loaded[name].dtype)), name
 
 
 def test_the_same_recipe_with_the_targets_tokenizer_is_an_ordinary_mamba_drafter(data, tmp_path):
