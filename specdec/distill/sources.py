@@ -94,7 +94,8 @@ def fingerprint(text: str) -> str:
     return " ".join(re.findall(r"\w+", text.lower()))
 
 
-def _pad_left(tokenizer: PreTrainedTokenizerBase, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_left(tokenizer: PreTrainedTokenizerBase, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows as one left-padded batch [B, P] (EOS as padding) and its attention mask."""
     eos = tokenizer.eos_token_id
     width = max(map(len, rows))
     ids = torch.full((len(rows), width), eos, dtype=torch.long)
@@ -120,12 +121,10 @@ def answer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, chats: li
     sampled at `temperature` and `top_p` from a generator seeded with `seed`, or greedy at 0)."""
     from specdec.distill.teacher import decode  # the teacher reads this module's `chat_ids`
 
-    eos = tokenizer.eos_token_id
-    ids, mask = _pad_left(tokenizer, [chat_ids(tokenizer, turns) for turns in chats])
-    *_, tokens = decode(model, ids, mask, max_new_tokens, 1, eos, temperature,
+    ids, mask = pad_left(tokenizer, [chat_ids(tokenizer, turns) for turns in chats])
+    *_, tokens = decode(model, ids, mask, max_new_tokens, 1, tokenizer.eos_token_id, temperature,
                         torch.Generator().manual_seed(seed), top_p)
-    rows = [row[:row.index(eos)] if eos in row else row for row in tokens.tolist()]
-    return tokenizer.batch_decode(rows, skip_special_tokens=True)
+    return tokenizer.batch_decode(tokens, skip_special_tokens=True)  # EOS and the padding after it dropped
 
 
 def _batches_kept(path: Path, requests: list, batch_size: int, run: Callable[[int, list], list[str]]) -> list[str]:

@@ -32,7 +32,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
 from specdec.distill.corpus import DOMAINS, LONG_DOMAIN, Prompt, read_documents, read_prompts
-from specdec.distill.sources import chat_ids
+from specdec.distill.sources import chat_ids, pad_left
 from specdec.engine import encode_prompt
 from specdec.sampling import logits_to_probs
 
@@ -223,12 +223,7 @@ def generate_batch(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, p
     """
     eos = tokenizer.eos_token_id
     prompt_ids = prompt_ids or [prompt_tokens(tokenizer, p) for p in prompts]
-    width = max(map(len, prompt_ids))
-    input_ids = torch.full((len(prompts), width), eos, dtype=torch.long)
-    mask = torch.zeros_like(input_ids)
-    for row, ids in enumerate(prompt_ids):  # left padding
-        input_ids[row, width - len(ids):] = torch.tensor(ids)
-        mask[row, width - len(ids):] = 1
+    input_ids, mask = pad_left(tokenizer, prompt_ids)
     p_ids, p_logp, a_ids, a_logp, answers = decode(model, input_ids, mask, max_new_tokens, k, eos, temperature,
                                                    generator)
     sequences = []
