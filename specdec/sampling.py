@@ -42,9 +42,23 @@ def logits_to_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0
 
 
 def sample(probs: torch.Tensor, num_samples: int, generator: torch.Generator | None) -> torch.Tensor:
-    """i.i.d. draws (with replacement) from each row of `probs`: [..., V] -> [..., num_samples]."""
+    """i.i.d. draws (with replacement) from each row of `probs` (weights, not necessarily summing to 1):
+    [..., V] -> [..., num_samples].
+
+    Each draw inverts the row's cumulative distribution at a uniform number: one cumulative sum and a binary
+    search a row. `torch.multinomial` draws a single sample by an exponential race instead, which costs V random
+    numbers, the dominant cost of a sampled round over a large vocabulary (docs/benchmarks.md, "Sampling").
+    The sums are in float64, so a token's share of the cumulative sum is its weight to within 1e-16 of the total.
+    """
     flat = probs.reshape(-1, probs.shape[-1])
-    draws = torch.multinomial(flat, num_samples, replacement=True, generator=generator)
+    cdf = flat.double().cumsum(-1)  # [R, V]
+    total = cdf[:, -1:]  # [R, 1]
+    if not bool((total > 0).all()):
+        raise ValueError("cannot sample from a row without positive weight")
+    u = torch.rand(len(flat), num_samples, generator=generator, device=flat.device, dtype=torch.float64) * total
+    draws = torch.searchsorted(cdf, u, right=True)  # the first token whose cumulative weight exceeds u
+    # u may round up to the total: the last token of positive weight then (the first to reach the total)
+    draws = torch.minimum(draws, torch.searchsorted(cdf, total))
     return draws.reshape(*probs.shape[:-1], num_samples)
 
 

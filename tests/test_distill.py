@@ -13,7 +13,7 @@ from specdec.distill.recipe import TrainConfig, distill_loss, greedy_acceptance,
 from specdec.distill.train import load_run, read_segments, recipe_for, train
 from specdec.drafters.mixer import scan_sequence, selective_scan
 from specdec.models import quantize_rows, read_folder_model
-from tests.tiny import tiny_llama
+from tests.tiny import tiny_llama, write_corpus
 
 VOCAB = 64
 EOS = 2
@@ -36,15 +36,8 @@ def data(tmp_path_factory):
     """A corpus of 8 prompts per domain (2 held out) and some text, with teacher shards from a tiny Llama."""
     out = tmp_path_factory.mktemp("distill")
     folder = out / "corpus"
-    folder.mkdir()
-    with open(folder / "prompts.jsonl", "w") as f:
-        for domain in corpus.DOMAINS:
-            for i in range(8):
-                split = "eval" if i >= 6 else "train"
-                f.write(json.dumps({"id": f"{domain}-{i}", "domain": domain, "split": split,
-                                    "text": f"{domain} question {i} " * (1 + i % 3)}) + "\n")
-    with open(folder / "text.jsonl", "w") as f:
-        f.write(json.dumps({"domain": "prose", "text": "some plain text to label. " * 40}) + "\n")
+    write_corpus(folder, 8, 2, lambda domain, i: f"{domain} question {i} " * (1 + i % 3),
+                 "some plain text to label. " * 40)
     model, tokenizer = tiny_llama(VOCAB, seed=1), ByteTokenizer()
     for split in ("eval", "train"):
         teacher.generate_responses(model, tokenizer, folder, out / "teacher", split, batch_size=4, shard_prompts=8,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specdec.config import WHOLE_SHAPES, GenerationConfig
-from specdec.distill import corpus, teacher
+from specdec.distill import teacher
 from specdec.distill.cross import CrossPlugIn, convert_answers
 from specdec.distill.evaluate import evaluate
 from specdec.distill.export import export
@@ -18,7 +18,7 @@ from specdec.distill.train import load_run, train
 from specdec.engine import generate
 from specdec.models import LoadedModel, Models, quantize_rows
 from tests.test_xmamba import bpe
-from tests.tiny import tiny_llama
+from tests.tiny import tiny_llama, write_corpus
 
 
 @pytest.fixture(scope="module")
@@ -26,14 +26,7 @@ def data(tmp_path_factory):
     """A corpus, a tiny target with a BPE of 300 tokens and its answers, and a drafter BPE of 280 from the corpus."""
     out = tmp_path_factory.mktemp("xdistill")
     folder = out / "corpus"
-    folder.mkdir()
-    with open(folder / "prompts.jsonl", "w") as f:
-        for domain in corpus.DOMAINS:
-            for i in range(6):
-                f.write(json.dumps({"id": f"{domain}-{i}", "domain": domain, "split": "eval" if i >= 4 else "train",
-                                    "text": f"the dog sat on the {domain} {i}"}) + "\n")
-    with open(folder / "text.jsonl", "w") as f:
-        f.write(json.dumps({"domain": "prose", "text": "the cat sat on the mat. " * 30}) + "\n")
+    write_corpus(folder, 6, 2, lambda domain, i: f"the dog sat on the {domain} {i}", "the cat sat on the mat. " * 30)
     target_tok = bpe(300)
     target_tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
     model = tiny_llama(len(target_tok), seed=1)

@@ -1,8 +1,9 @@
+import pytest
 import torch
 from scipy.stats import chisquare
 
 from specdec.sampling import (accept_greedy, accept_node, accept_sampling, first_child_chances, logits_to_probs,
-                              residual)
+                              residual, sample)
 
 
 def test_residual_is_normalised_positive_part():
@@ -96,3 +97,32 @@ def test_first_child_chances_are_the_acceptance_of_a_first_child_drawn_from_q():
     assert abs(kept / 4000 - chances[0]) < 0.025  # about 3.3 standard errors
     copied = first_child_chances(tokens, parents, path, p, q, point=[False, True, False, False])
     assert copied[0] == float(p[0, 2]) and copied[1] == chances[1]
+
+
+def test_sample_draws_each_row_from_its_weights():
+    """Inverse-CDF draws: the right law per row (weights need not sum to 1), never a token of zero weight."""
+    g = torch.Generator().manual_seed(3)
+    weights = torch.tensor([[0.0, 2.0, 0.0, 1.0, 1.0, 0.0],  # zero weights first, between and last
+                            [0.1, 0.0, 0.0, 0.0, 0.0, 0.9]])
+    n = 20000
+    draws = sample(weights, n, g)  # [2, n]
+    for row, law in zip(draws, weights):
+        counts = torch.bincount(row, minlength=len(law)).double()
+        assert counts[law == 0].sum() == 0
+        expected = law / law.sum() * n
+        assert chisquare(counts[law > 0].numpy(), expected[law > 0].numpy()).pvalue > 1e-3
+    # the same test does detect a slightly wrong law: the first row's draws against (0.45, 0.3, 0.25)
+    first = torch.bincount(draws[0], minlength=6).double()[[1, 3, 4]]
+    assert chisquare(first.numpy(), (torch.tensor([0.45, 0.3, 0.25]) * n).numpy()).pvalue < 1e-6
+    assert sample(torch.rand(3, 4, 7), 2, g).shape == (3, 4, 2)
+
+
+def test_sample_never_lands_past_the_last_token_of_positive_weight(monkeypatch):
+    """A uniform number that rounds up to the row's total weight draws the last token of positive weight."""
+    monkeypatch.setattr(torch, "rand", lambda *shape, **kw: torch.ones(*shape, dtype=kw.get("dtype")))
+    assert sample(torch.tensor([[0.0, 0.3, 0.7, 0.0, 0.0]]), 4, None).tolist() == [[2, 2, 2, 2]]
+
+
+def test_sample_refuses_a_row_without_weight():
+    with pytest.raises(ValueError, match="without positive weight"):
+        sample(torch.tensor([[0.5, 0.5], [0.0, 0.0]]), 1, None)

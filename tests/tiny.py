@@ -1,5 +1,7 @@
 """Tiny models and a character tokenizer for fast tests."""
 
+import json
+
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MambaConfig, MambaForCausalLM
 
@@ -50,3 +52,19 @@ def tiny_feat(target_hidden: int, seed: int):
     model = MambaFeatModel(FeatConfig(target_hidden=target_hidden, hidden=16, layers=2, state_size=8)).eval()
     torch.nn.init.normal_(model.w_out.weight, std=0.3)  # a trained drafter's guesses are not all zero
     return model
+
+
+def write_corpus(folder, per_domain: int, held_out: int, prompt, text: str) -> None:
+    """A `corpus` stage's folder: `per_domain` prompts in each template domain, the last `held_out` of them in
+    the eval split, `prompt(domain, i)` their text; and one passage of raw text to label."""
+    from specdec.distill.corpus import DOMAINS
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "prompts.jsonl", "w") as f:
+        for domain in DOMAINS:
+            for i in range(per_domain):
+                split = "eval" if i >= per_domain - held_out else "train"
+                f.write(json.dumps({"id": f"{domain}-{i}", "domain": domain, "split": split,
+                                    "text": prompt(domain, i)}) + "\n")
+    with open(folder / "text.jsonl", "w") as f:
+        f.write(json.dumps({"domain": "prose", "text": text}) + "\n")

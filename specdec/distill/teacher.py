@@ -34,7 +34,7 @@ from transformers.cache_utils import DynamicLayer
 from specdec.distill.corpus import DOMAINS, LONG_DOMAIN, Prompt, read_documents, read_prompts
 from specdec.distill.sources import chat_ids, pad_left
 from specdec.engine import encode_prompt
-from specdec.sampling import logits_to_probs
+from specdec.sampling import logits_to_probs, sample
 
 Shard = dict
 
@@ -126,7 +126,7 @@ def decode(model: PreTrainedModel, input_ids: torch.Tensor, mask: torch.Tensor, 
         answer_ids[rows, step], answer_logp[rows, step] = ids, logp
         if temperature > 0:
             law = logits_to_probs(last, temperature, top_p)
-            token = torch.multinomial(law, 1, generator=generator)[:, 0]
+            token = sample(law, 1, generator)[:, 0]
         else:
             token = ids[:, 0].long()
         tokens[rows, step] = token
