@@ -52,7 +52,7 @@ def sample(probs: torch.Tensor, num_samples: int, generator: torch.Generator | N
     """
     flat = probs.reshape(-1, probs.shape[-1])
     cdf = flat.double().cumsum(-1)  # [R, V]
-    total = cdf[:, -1:]  # [R, 1]
+    total = cdf[:, -1:].contiguous()  # [R, 1]
     if not bool((total > 0).all()):
         raise ValueError("cannot sample from a row without positive weight")
     u = torch.rand(len(flat), num_samples, generator=generator, device=flat.device, dtype=torch.float64) * total

@@ -1,0 +1,121 @@
+"""What drawing a token costs, `specdec.sampling.sample` (inverse CDF) against `torch.multinomial`, in the two
+places that sample over the target's vocabulary: the engine's sampled rounds (drafting and acceptance) and the
+teacher's sampled answers. The two samplers run interleaved in one process; the engine's and the teacher's output
+for a seed differs between them (other random streams), its law does not.
+
+    .venv/bin/python scripts/sampler_cost.py engine [--methods ar,mamba-chain] [--temperature 0.7] [--repeats 2]
+    .venv/bin/python scripts/sampler_cost.py teacher [--prompts 64] [--max-new-tokens 64] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
+
+from specdec import sampling  # noqa: E402
+from specdec.config import GenerationConfig  # noqa: E402
+from specdec.distill import teacher  # noqa: E402
+from specdec.distill.corpus import build_prompts  # noqa: E402
+from specdec.drafters import base  # noqa: E402
+from specdec.engine import generate  # noqa: E402
+from specdec.models import Models  # noqa: E402
+from specdec.records import Summary  # noqa: E402
+
+
+def multinomial(probs: torch.Tensor, num_samples: int, generator: torch.Generator | None) -> torch.Tensor:
+    flat = probs.reshape(-1, probs.shape[-1])
+    draws = torch.multinomial(flat, num_samples, replacement=True, generator=generator)
+    return draws.reshape(*probs.shape[:-1], num_samples)
+
+
+SAMPLERS: dict[str, Callable] = {"inverse-cdf": sampling.sample, "torch.multinomial": multinomial}
+
+
+@contextmanager
+def sampler(name: str):
+    """Every module that draws tokens uses SAMPLERS[name] inside the block."""
+    modules = (sampling, base, teacher)
+    for module in modules:
+        module.sample = SAMPLERS[name]
+    try:
+        yield
+    finally:
+        for module in modules:
+            module.sample = SAMPLERS["inverse-cdf"]
+
+
+def engine(models: Models, args) -> None:
+    with open(args.prompts) as f:
+        prompts = [json.loads(line)["prompt"] for line in f if line.strip()]
+    speeds: dict[tuple[str, str], list[float]] = {}
+    for repeat in range(args.repeats):
+        for prompt in prompts:
+            for method in args.methods.split(","):
+                for name in SAMPLERS:
+                    config = GenerationConfig(method=method, temperature=args.temperature,
+                                              max_new_tokens=args.max_new_tokens, seed=repeat)
+                    with sampler(name):
+                        summary = [r for r in generate(models, prompt, config, details=False)
+                                   if isinstance(r, Summary)][0]
+                    speeds.setdefault((method, name), []).append(summary.tokens_per_s)
+    print(f"engine, temperature {args.temperature}, {len(prompts)} prompts x {args.repeats}, "
+          f"{args.max_new_tokens} new tokens: median tok/s")
+    for method in args.methods.split(","):
+        cdf, torch_ = (statistics.median(speeds[method, name]) for name in SAMPLERS)
+        print(f"| {method} | {cdf:.1f} (inverse CDF) | {torch_:.1f} (torch.multinomial) | {cdf / torch_:.2f}x |")
+
+
+def teacher_rate(models: Models, args) -> None:
+    target = models.target
+    prompts = build_prompts(args.prompts // 4 + 1, 0, seed=11)[:args.prompts]
+    ids = [teacher.prompt_tokens(target.tokenizer, p) for p in prompts]
+    rates: dict[str, list[float]] = {}
+    for repeat in range(args.repeats):
+        for name in SAMPLERS:
+            with sampler(name):
+                t0 = time.perf_counter()
+                rows = teacher.generate_batch(target.model, target.tokenizer, prompts, args.max_new_tokens, 8,
+                                              temperature=args.temperature,
+                                              generator=torch.Generator().manual_seed(repeat), prompt_ids=ids)
+                seconds = time.perf_counter() - t0
+            labelled = sum(int(r["known"].sum()) for r in rows)
+            rates.setdefault(name, []).append(labelled / seconds)
+    print(f"teacher, {len(prompts)} prompts in one batch, temperature {args.temperature}, "
+          f"{args.max_new_tokens} new tokens at most: labelled tokens/s, mean of {args.repeats}")
+    for name, values in rates.items():
+        print(f"| {name} | {statistics.mean(values):.0f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=("engine", "teacher"))
+    parser.add_argument("--prompts", default=None, help="engine: a JSONL file; teacher: how many prompts")
+    parser.add_argument("--methods", default="ar,mamba-chain")
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--max-new-tokens", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", help="the target's (engine); the teacher's is bfloat16 "
+                                                           "where the CPU multiplies it natively")
+    args = parser.parse_args()
+    if args.what == "engine":
+        args.prompts = args.prompts or "scripts/outside_prompts.jsonl"
+        args.max_new_tokens = args.max_new_tokens or 128
+        engine(Models(dtype=args.dtype), args)
+    else:
+        args.prompts = int(args.prompts or 64)
+        args.max_new_tokens = args.max_new_tokens or 64
+        teacher_rate(Models(dtype="auto"), args)
+
+
+if __name__ == "__main__":
+    main()
