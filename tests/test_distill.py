@@ -6,9 +6,10 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from specdec.distill import corpus, teacher
+from specdec.distill import corpus, plugin, teacher
 from specdec.distill.export import earlier_card, export, model_card
-from specdec.distill.plugin import PlugIn, build_drafter, grow_layers, mamba_hidden, save_drafter
+from specdec.distill.plugin import (PlugIn, build_drafter, draft_argmax, draft_logits, grow_layers, mamba_hidden,
+                                   save_drafter)
 from specdec.distill.recipe import TrainConfig, distill_loss, greedy_acceptance, target_weights
 from specdec.distill.train import load_run, read_segments, recipe_for, train
 from specdec.drafters.mixer import scan_sequence, selective_scan
@@ -203,6 +204,21 @@ def test_a_warm_started_runs_card_ends_with_the_card_it_began_from(tmp_path):
                                          "### Data\n- shards\n\n### Reproduce\n```\n# a comment in a command block"
                                          "\npython -m specdec.distill train\n```\n###### deepest\n")
     assert earlier_card(None) == earlier_card(str(tmp_path / "no-card")) == ""  # a fresh run, a folder without one
+
+
+@pytest.mark.parametrize("arch", ["mamba", "transformer"])
+def test_the_greedy_guess_scored_in_blocks_is_the_whole_logits_argmax(arch, monkeypatch):
+    """`draft_argmax` (the held-out figure's guess) scores a block of positions at a time: the same tokens as the
+    argmax of the whole `draft_logits`, mapped through the draft vocabulary, across block edges."""
+    torch.manual_seed(0)
+    model = build_drafter(TrainConfig(arch=arch, hidden=16, mamba_layers=2, tf_layers=2), VOCAB).eval()
+    ids, draft_ids = torch.randint(0, VOCAB, (3, 23)), torch.arange(1, VOCAB, 2)
+    monkeypatch.setattr(plugin, "GUESS_BLOCK", 5)
+    with torch.no_grad():
+        whole = draft_ids[draft_logits(model, ids, draft_ids).argmax(-1)]
+        blocks = draft_argmax(model, ids, draft_ids)
+    assert blocks.shape == (3, 23) and torch.equal(blocks, whole)
+    assert set(blocks.flatten().tolist()) <= set(draft_ids.tolist())
 
 
 @pytest.mark.parametrize("arch", ["mamba", "transformer"])

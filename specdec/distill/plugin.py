@@ -82,14 +82,31 @@ def mamba_hidden(model: MambaForCausalLM, input_ids: torch.Tensor) -> torch.Tens
     return backbone.norm_f(blocks_forward(backbone.layers, backbone.embeddings(input_ids)))
 
 
+def final_hidden(model: PreTrainedModel, input_ids: torch.Tensor) -> torch.Tensor:
+    """The drafter's last hidden state, [B, L, d]."""
+    if model.config.model_type == "mamba":
+        return mamba_hidden(model, input_ids)
+    return model.base_model(input_ids=input_ids).last_hidden_state
+
+
 def draft_logits(model: PreTrainedModel, input_ids: torch.Tensor, draft_ids: torch.Tensor) -> torch.Tensor:
     """Drafter logits over V_d only: final hidden state times the V_d rows of the tied embedding, [B, L, |V_d|]."""
-    if model.config.model_type == "mamba":
-        hidden = mamba_hidden(model, input_ids)  # [B, L, d]
-    else:
-        hidden = model.base_model(input_ids=input_ids).last_hidden_state  # [B, L, d]
     head = model.get_output_embeddings().weight[draft_ids]  # [|V_d|, d]
-    return hidden @ head.T
+    return final_hidden(model, input_ids) @ head.T
+
+
+GUESS_BLOCK = 512  # positions scored at once by `draft_argmax`
+
+
+def draft_argmax(model: PreTrainedModel, input_ids: torch.Tensor, draft_ids: torch.Tensor) -> torch.Tensor:
+    """The drafter's greedy guess at every position, [B, L] token ids: `draft_logits`' argmax, scored a block of
+    positions at a time, so a batch of long documents never holds its logits whole (with the full head, 8
+    rows of 8k tokens would be 13 GB)."""
+    hidden = final_hidden(model, input_ids)  # [B, L, d]
+    head = model.get_output_embeddings().weight[draft_ids]  # [|V_d|, d]
+    best = torch.cat([(hidden[:, i:i + GUESS_BLOCK] @ head.T).argmax(-1)
+                      for i in range(0, hidden.shape[1], GUESS_BLOCK)], dim=1)
+    return draft_ids[best]
 
 
 def save_drafter(model: PreTrainedModel, draft_ids: torch.Tensor, tokenizer: PreTrainedTokenizerBase | None,
@@ -172,7 +189,7 @@ class PlugIn(Recipe):
         ids = torch.full((len(batch), max(len(a.tokens) for a in batch)), self.pad_id, dtype=torch.long)  # [B, W]
         for row, answer in enumerate(batch):
             ids[row, :len(answer.tokens)] = answer.tokens
-        guess = draft_ids[draft_logits(model, ids, draft_ids).argmax(-1)]  # [B, W]
+        guess = draft_argmax(model, ids, draft_ids)  # [B, W]
         for row, answer in enumerate(batch):
             yield answer.domain, answer, guess[row, answer.drafted]
             yield "all", answer, guess[row, answer.drafted]
