@@ -58,6 +58,7 @@ def engine(models: Models, args) -> None:
     with open(args.prompts) as f:
         prompts = [json.loads(line)["prompt"] for line in f if line.strip()]
     speeds: dict[tuple[str, str], list[float]] = {}
+    rounds: dict[tuple[str, str], list[tuple[float, float, float]]] = {}  # (draft, verify, rest) ms of each round
     for repeat in range(args.repeats):
         for prompt in prompts:
             for method in args.methods.split(","):
@@ -65,14 +66,22 @@ def engine(models: Models, args) -> None:
                     config = GenerationConfig(method=method, temperature=args.temperature,
                                               max_new_tokens=args.max_new_tokens, seed=repeat)
                     with sampler(name):
-                        summary = [r for r in generate(models, prompt, config, details=False)
-                                   if isinstance(r, Summary)][0]
-                    speeds.setdefault((method, name), []).append(summary.tokens_per_s)
+                        records = list(generate(models, prompt, config, details=False))
+                    speeds.setdefault((method, name), []).append(records[-1].tokens_per_s)
+                    rounds.setdefault((method, name), []).extend(
+                        (r.draft_ms, r.verify_ms, r.round_ms - r.draft_ms - r.verify_ms)
+                        for r in records if not isinstance(r, Summary))
     print(f"engine, temperature {args.temperature}, {len(prompts)} prompts x {args.repeats}, "
-          f"{args.max_new_tokens} new tokens: median tok/s")
+          f"{args.max_new_tokens} new tokens. tok/s: the median prompt's; the tokens differ between the samplers "
+          f"(other random streams), so its acceptance does too. ms a round: means over all rounds, the rest "
+          f"being the round less drafting and verification")
+    print("| method | sampler | tok/s | ms a round: draft | verify | the rest (acceptance, commits) |\n"
+          "|---|---|---|---|---|---|")
     for method in args.methods.split(","):
-        cdf, torch_ = (statistics.median(speeds[method, name]) for name in SAMPLERS)
-        print(f"| {method} | {cdf:.1f} (inverse CDF) | {torch_:.1f} (torch.multinomial) | {cdf / torch_:.2f}x |")
+        for name in SAMPLERS:
+            draft, verify, rest = (statistics.mean(column) for column in zip(*rounds[method, name]))
+            print(f"| {method} | {name} | {statistics.median(speeds[method, name]):.1f} | {draft:.2f} | "
+                  f"{verify:.2f} | {rest:.2f} |")
 
 
 def teacher_rate(models: Models, args) -> None:
