@@ -47,15 +47,16 @@ def sample(probs: torch.Tensor, num_samples: int, generator: torch.Generator | N
 
     Each draw inverts the row's cumulative distribution at a uniform number: one cumulative sum and a binary
     search a row. `torch.multinomial` draws a single sample by an exponential race instead, which costs V random
-    numbers, the dominant cost of a sampled round over a large vocabulary (docs/benchmarks.md, "Sampling").
-    The sums are in float64, so a token's share of the cumulative sum is its weight to within 1e-16 of the total.
+    numbers a draw (docs/benchmarks.md, "Sampling"). The sums are in float64, so each token's share of the sum
+    is its weight up to float64 rounding (float32 on Apple's MPS, which has no float64).
     """
     flat = probs.reshape(-1, probs.shape[-1])
-    cdf = flat.double().cumsum(-1)  # [R, V]
+    wide = torch.float32 if flat.device.type == "mps" else torch.float64
+    cdf = flat.to(wide).cumsum(-1)  # [R, V]
     total = cdf[:, -1:].contiguous()  # [R, 1]
     if not bool((total > 0).all()):
         raise ValueError("cannot sample from a row without positive weight")
-    u = torch.rand(len(flat), num_samples, generator=generator, device=flat.device, dtype=torch.float64) * total
+    u = torch.rand(len(flat), num_samples, generator=generator, device=flat.device, dtype=wide) * total
     draws = torch.searchsorted(cdf, u, right=True)  # the first token whose cumulative weight exceeds u
     # u may round up to the total: the last token of positive weight then (the first to reach the total)
     draws = torch.minimum(draws, torch.searchsorted(cdf, total))
