@@ -7,7 +7,7 @@ import torch
 from transformers import DynamicCache
 
 from specdec.distill import corpus, plugin, teacher
-from specdec.distill.export import earlier_card, export, model_card
+from specdec.distill.export import earlier_card, export, model_card, sampled_data
 from specdec.distill.plugin import (PlugIn, build_drafter, draft_argmax, draft_logits, grow_layers, mamba_hidden,
                                    save_drafter)
 from specdec.distill.recipe import TrainConfig, distill_loss, greedy_acceptance, target_weights
@@ -383,18 +383,27 @@ def test_sampled_passes_label_other_answers_with_the_untempered_law(data, tmp_pa
         (teacher_dir / "responses" / folder).mkdir(exist_ok=True)
     for i, shard in enumerate(greedy):
         teacher.save_shard(teacher_dir / "responses" / "train" / f"shard_{i:05d}.pt", shard)
+    # a second temperature's pass of one shard, and a third's folder not yet written to (not read, not named)
+    (teacher_dir / "responses" / teacher.sampled_folder(0.5, 0)).mkdir()
+    (teacher_dir / "responses" / teacher.sampled_folder(2.0, 0)).mkdir()
+    teacher.save_shard(teacher_dir / "responses" / teacher.sampled_folder(2.0, 0) / "shard_00000.pt", sampled[0])
     config = TrainConfig(arch="transformer", hidden=16, tf_layers=1, max_tokens=64, seq_len=16, batch_size=4,
                          warmup=1, draft_vocab=20, eval_every=1)
     train(teacher_dir, tmp_path / "run", config, None, VOCAB)
     (segment,) = read_segments(tmp_path / "run")
-    assert (segment["response_shards"], segment["sampled_passes"], segment["sampled_shards"]) == (3, 2, 4)
-    assert segment["sampling_temperature"] == 1.5 and segment["text_shards"] == 0
+    assert (segment["response_shards"], segment["text_shards"]) == (3, 0)
+    assert segment["sampled"] == [{"temperature": 1.5, "passes": 2, "shards": 4},
+                                  {"temperature": 2.0, "passes": 1, "shards": 1}]
+    old_segment = {"sampled_passes": 1, "sampled_shards": 5, "sampling_temperature": 0.9}  # logged before 2026-12-07
+    assert sampled_data(old_segment) == [{"temperature": 0.9, "passes": 1, "shards": 5}]
     _, _, counters = load_run(tmp_path / "run")
     report = {"teacher_forced": {"all": 0.25}, "coverage": 0.9,
               "latency_ms": {"drafter_fp32": 1.0, "drafter_bf16": 1.0, "target_fp32": 10.0, "ratio_fp32": 0.1}}
     card = model_card("tf", tmp_path / "run", report, counters, teacher.summarize(teacher_dir), 1000, 10)
     assert "teacher --response-shards 3 --text-shards 0 --sampled-passes 2 --sampling-temperature 1.5 " \
-           "--sampled-shards 4" in card
+           "--sampled-shards 4\n" in card
+    assert "teacher --response-shards 3 --text-shards 0 --sampled-passes 1 --sampling-temperature 2 " \
+           "--sampled-shards 1\n" in card and "temperature 0.5" not in card
     # the card's train line rebuilds a drafter of this run's size
     from specdec.distill.__main__ import parser
 

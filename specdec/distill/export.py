@@ -65,6 +65,17 @@ def segment_data(seg: dict) -> str:
             f"{seg['response_shards']}{more} answer shards{share}), {seg.get('threads') or 'all'} thread(s)")
 
 
+def sampled_data(seg: dict) -> list[dict]:
+    """A segment's sampled answers, one {temperature, passes, shards} a temperature (a segment logged before
+    2026-12-07 names one temperature)."""
+    if "sampled" in seg:
+        return seg["sampled"]
+    if seg.get("sampled_shards"):
+        return [{"temperature": seg["sampling_temperature"], "passes": seg["sampled_passes"],
+                 "shards": seg["sampled_shards"]}]
+    return []
+
+
 def _reproduce(recipe: Recipe, name: str, config: dict, segments: list[dict]) -> str:
     """The commands that rebuild the run: per segment, the teacher data it saw, then its training budget."""
     parts = 1 + max((int(part) for seg in segments for part in seg.get("part_shards", {})), default=0)
@@ -73,10 +84,11 @@ def _reproduce(recipe: Recipe, name: str, config: dict, segments: list[dict]) ->
         lines.append(f"python -m specdec.distill tokenizer --tokenizer {config['tokenizer']}")
     features = recipe.reads_features  # its teacher data carries the target's features too
     for index, seg in enumerate(segments):
-        sampled = (f" --sampled-passes {seg['sampled_passes']} --sampling-temperature {seg['sampling_temperature']:g} "
-                   f"--sampled-shards {seg['sampled_shards']}" if seg.get("sampled_shards") else "")
-        lines.append(f"python -m specdec.distill teacher --response-shards {seg['response_shards']} "
-                     f"--text-shards {seg['text_shards']}{sampled}" + (" --text-features" if features else ""))
+        data = f"python -m specdec.distill teacher --response-shards {seg['response_shards']} " \
+               f"--text-shards {seg['text_shards']}"
+        sampled = [f" --sampled-passes {s['passes']} --sampling-temperature {s['temperature']:g} "
+                   f"--sampled-shards {s['shards']}" for s in sampled_data(seg)] or [""]
+        lines += [data + flags + (" --text-features" if features else "") for flags in sampled]
         lines += [f"python -m specdec.distill teacher --part {part} --response-shards {n}"
                   for part, n in seg.get("part_shards", {}).items()]
         if features:

@@ -133,14 +133,17 @@ def held_out_folders(teacher: Path) -> list[Path]:
 
 def _data_record(count: dict[str, int], text_shards: int) -> dict:
     """The data a segment trains on as the teacher's flags, from the shard count of each answer folder."""
-    sampled = [name for name in count if name.startswith("train-t")]
+    sampled = [name for name, n in count.items() if name.startswith("train-t") and n]  # an empty folder: not read
     parts = {folder_part(name): n for name, n in count.items() if folder_part(name) is not None}
     record = {"response_shards": count.get("train", 0), "text_shards": text_shards}
     if parts:
         record["part_shards"] = {str(part): n for part, n in sorted(parts.items())}  # JSON keys are strings
-    if sampled:
-        record.update(sampled_passes=len(sampled), sampled_shards=sum(count[n] for n in sampled),
-                      sampling_temperature=sampled_temperature(sampled[0]))
+    if sampled:  # one teacher invocation a temperature: its passes and their shards
+        by_temperature: dict[float, list[str]] = {}
+        for name in sampled:
+            by_temperature.setdefault(sampled_temperature(name), []).append(name)
+        record["sampled"] = [{"temperature": t, "passes": len(names), "shards": sum(count[n] for n in names)}
+                             for t, names in sorted(by_temperature.items())]
     return record
 
 
