@@ -28,7 +28,7 @@ from specdec.distill import teacher  # noqa: E402
 from specdec.distill.corpus import build_prompts  # noqa: E402
 from specdec.drafters import base  # noqa: E402
 from specdec.engine import generate  # noqa: E402
-from specdec.models import Models  # noqa: E402
+from specdec.models import DEFAULT_TARGET, LoadedModel, Models, load_model  # noqa: E402
 from specdec.records import Summary  # noqa: E402
 
 
@@ -84,8 +84,7 @@ def engine(models: Models, args) -> None:
                   f"{verify:.2f} | {rest:.2f} |")
 
 
-def teacher_rate(models: Models, args) -> None:
-    target = models.target
+def teacher_rate(target: LoadedModel, args) -> None:
     prompts = build_prompts(args.prompts // 4 + 1, 0, seed=11)[:args.prompts]
     ids = [teacher.prompt_tokens(target.tokenizer, p) for p in prompts]
     rates: dict[str, list[float]] = {}
@@ -113,8 +112,8 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--dtype", default="float32", help="the target's (engine); the teacher's is bfloat16 "
-                                                           "where the CPU multiplies it natively")
+    parser.add_argument("--dtype", default="float32", help="the engine's target's; the teacher's is the "
+                                                           "`teacher` stage's `auto`")
     args = parser.parse_args()
     if args.what == "engine":
         args.prompts = args.prompts or "scripts/outside_prompts.jsonl"
@@ -123,7 +122,8 @@ def main() -> None:
     else:
         args.prompts = int(args.prompts or 64)
         args.max_new_tokens = args.max_new_tokens or 64
-        teacher_rate(Models(dtype="auto"), args)
+        target = load_model(DEFAULT_TARGET, torch.device("cpu"), teacher.teacher_dtype("auto"))  # as `teacher` loads it
+        teacher_rate(target, args)
 
 
 if __name__ == "__main__":

@@ -646,7 +646,7 @@ def test_the_teacher_runs_in_bf16_only_where_the_cpu_multiplies_it_natively(monk
     from specdec.distill import __main__ as cli
     from specdec.distill import feat
 
-    monkeypatch.setattr(cli, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(teacher, "cpu_has_native_bf16", lambda: native)  # `teacher.teacher_dtype` reads it
     monkeypatch.setattr(feat, "cpu_has_native_bf16", lambda: native)
     monkeypatch.setattr(cli, "load_model", lambda spec, device, dtype: dtype)
     monkeypatch.setattr(cli, "_LOADED", {})

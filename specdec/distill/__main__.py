@@ -14,10 +14,9 @@ from pathlib import Path
 
 import torch
 
-from specdec.distill.teacher import BATCH_TOKENS
+from specdec.distill.teacher import BATCH_TOKENS, teacher_dtype
 from specdec.distill.train import RECIPES
 from specdec.models import ASSETS, DEFAULT_TARGET, load_model
-from specdec.probes import cpu_has_native_bf16
 
 
 _LOADED: dict[tuple[str, str], object] = {}
@@ -25,12 +24,10 @@ _LOADED: dict[tuple[str, str], object] = {}
 
 def _target(args: argparse.Namespace, dtype: str):
     """The target in `dtype`, loaded once per process: `all` runs four stages that need it (two dtypes)."""
-    if dtype == "auto":
-        dtype = "bfloat16" if cpu_has_native_bf16() else "float32"
-    key = (args.target, dtype)
+    key = (args.target, teacher_dtype(dtype))
     if key not in _LOADED:
         _LOADED.clear()  # keep one copy in memory: the bf16 teacher is not needed once training starts
-        _LOADED[key] = load_model(args.target, torch.device("cpu"), getattr(torch, dtype))
+        _LOADED[key] = load_model(args.target, torch.device("cpu"), key[1])
     return _LOADED[key]
 
 

@@ -34,9 +34,18 @@ from transformers.cache_utils import DynamicLayer
 from specdec.distill.corpus import DOMAINS, LONG_DOMAIN, Prompt, read_documents, read_prompts
 from specdec.distill.sources import chat_ids, pad_left
 from specdec.engine import encode_prompt
+from specdec.probes import cpu_has_native_bf16
 from specdec.sampling import logits_to_probs, sample
 
 Shard = dict
+
+
+def teacher_dtype(name: str) -> torch.dtype:
+    """The teacher's precision for `--teacher-dtype NAME`: `auto` is bfloat16 where the CPU multiplies it natively,
+    else float32 (emulated bfloat16 is slower)."""
+    if name == "auto":
+        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+    return getattr(torch, name)
 
 
 def top_k_logp(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
