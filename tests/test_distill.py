@@ -8,10 +8,12 @@ from transformers import DynamicCache
 
 from specdec.distill import corpus, plugin, teacher
 from specdec.distill.export import earlier_card, export, model_card, sampled_data
-from specdec.distill.plugin import (PlugIn, build_drafter, draft_argmax, draft_logits, grow_layers, mamba_hidden,
+from specdec.distill.plugin import (PlugIn, build_drafter, draft_argmax, draft_logits, grow_layers, grow_state,
+                                    mamba_hidden,
                                    save_drafter)
 from specdec.distill.recipe import TrainConfig, distill_loss, greedy_acceptance, target_weights
 from specdec.distill.train import load_run, read_segments, recipe_for, train
+from specdec.drafters.mamba import MambaDrafter
 from specdec.drafters.mixer import scan_sequence, selective_scan
 from specdec.models import quantize_rows, read_folder_model
 from tests.tiny import tiny_llama, write_corpus
@@ -241,6 +243,37 @@ def test_grown_layers_start_as_the_identity_and_then_learn(arch):
     assert grown.weight.grad is not None and grown.weight.grad.abs().sum() > 0
 
 
+def test_a_grown_state_starts_as_the_same_drafter_and_then_learns(tmp_path):
+    """`train --init FOLDER --grow-state N`: every layer's state widens, the logits stay as they were (the new
+    channels are never read), a training step gives the new read-out a gradient, and the engine's recurrent step
+    runs the widened drafter as its sequence pass does."""
+    torch.manual_seed(0)
+    model = build_drafter(TrainConfig(arch="mamba", hidden=16, mamba_layers=2), VOCAB).eval()
+    ids = torch.randint(0, VOCAB, (2, 12))
+    with torch.no_grad():
+        before = model(ids).logits
+    grow_state(model, 40)
+    assert model.config.state_size == 40
+    for block in model.backbone.layers:
+        assert block.mixer.A_log.shape == (32, 40) and block.mixer.x_proj.weight.shape == (1 + 80, 32)
+        assert torch.allclose(block.mixer.A_log[:, 16:].exp(), torch.arange(17, 41).float().expand(32, -1))
+    with torch.no_grad():
+        assert torch.allclose(model(ids).logits, before, atol=1e-6)
+        assert torch.allclose(mamba_hidden(model, ids), model.backbone(input_ids=ids).last_hidden_state, atol=1e-5)
+    model.train()
+    model(ids).logits.logsumexp(-1).mean().backward()
+    read_out = model.backbone.layers[1].mixer.x_proj.weight.grad[1 + 40 + 16:]  # the new channels' C rows
+    assert read_out.abs().sum() > 0
+    with pytest.raises(ValueError, match="already has 40"):
+        grow_state(model, 32)
+    model.eval()
+    drafter = MambaDrafter.from_folder(model, VOCAB, None)
+    state = drafter.stack.zeros(1, drafter.device)
+    with torch.no_grad():
+        stepped = torch.stack([drafter.step(ids[:1, t], state) for t in range(ids.shape[1])], dim=1)
+        assert torch.allclose(stepped[0], model(ids[:1]).logits[0], atol=1e-4)
+
+
 @pytest.mark.parametrize("arch", ["mamba", "transformer"])
 def test_a_plug_in_warm_start_begins_from_the_exported_drafter(data, tmp_path, arch):
     """`train --arch mamba --init FOLDER` (e.g. to continue the shipped drafter on longer windows): the fresh run
@@ -263,6 +296,20 @@ def test_a_plug_in_warm_start_begins_from_the_exported_drafter(data, tmp_path, a
     other = "transformer" if arch == "mamba" else "mamba"
     with pytest.raises(SystemExit, match=f"not a {other} drafter"):
         train(out / "teacher", tmp_path / "other", TrainConfig(arch=other, init=str(folder), **budget), None, VOCAB)
+
+
+def test_a_warm_start_with_a_grown_state_trains_and_resumes_at_its_size(data, tmp_path):
+    """The run records the widened state, so its checkpoint restores (a resumed segment, `load_run`) at that size."""
+    out, _, _ = data
+    budget = dict(max_tokens=4 * 16 * 2, seq_len=16, batch_size=4, warmup=1, eval_every=1)
+    model = build_drafter(TrainConfig(arch="mamba", hidden=16, mamba_layers=2), VOCAB)
+    folder = save_drafter(model, torch.arange(VOCAB), None, tmp_path / "exported")
+    run = tmp_path / "wide"
+    train(out / "teacher", run, TrainConfig(arch="mamba", init=str(folder), grow_state=24, **budget), None, VOCAB)
+    train(out / "teacher", run, TrainConfig(arch="mamba", init=str(folder), grow_state=24,
+                                            **{**budget, "max_tokens": 4 * 16 * 3}), None, VOCAB)
+    wide, _, counters = load_run(run)
+    assert wide.config.state_size == 24 and counters["config"]["state_size"] == 24 and counters["step"] == 3
 
 
 def test_trainable_mamba_forward_matches_the_reference():

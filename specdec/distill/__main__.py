@@ -91,6 +91,7 @@ def stage_train(args: argparse.Namespace) -> None:
                          response_share=args.response_share, eval_every=args.eval_every, threads=args.threads,
                          hidden=args.hidden, mamba_layers=args.layers, tf_layers=args.layers,
                          init=str(args.init) if args.init else None, grow_layers=args.grow_layers,
+                         state_size=args.state_size, grow_state=args.grow_state,
                          tokenizer=str(args.tokenizer) if args.tokenizer else None)
     run = args.data / "runs" / args.name
     saved = json.loads((run / "train_config.json").read_text()) if (run / "ckpt.pt").exists() else None
@@ -245,6 +246,10 @@ def _train_options(train: argparse._ArgumentGroup) -> None:
                             "draft vocabulary and size; a new optimizer), e.g. assets/drafters/mamba-smollm2")
     train.add_argument("--grow-layers", type=int, default=0,
                        help="with --init: append this many layers to the folder's, each starting as the identity")
+    train.add_argument("--state-size", type=int, default=16,
+                       help="a Mamba drafter's SSM state channels per inner channel (a fresh run only)")
+    train.add_argument("--grow-state", type=int, default=0,
+                       help="with --init: widen a Mamba drafter's state to this many channels, its outputs unchanged")
     train.add_argument("--tokenizer", type=Path, default=None,
                        help="the drafter's own tokenizer folder (the `tokenizer` stage writes one): a Mamba drafter "
                             "for a target of another tokenizer, the engine's xmamba kind")

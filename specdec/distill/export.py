@@ -102,6 +102,9 @@ def _reproduce(recipe: Recipe, name: str, config: dict, segments: list[dict]) ->
                      + (f" --threads {seg['threads']}" if seg['threads'] else "")
                      + (f" --init {config['init']}" if config.get("init") and index == 0 else "")
                      + (f" --grow-layers {config['grow_layers']}" if config.get("grow_layers") and index == 0 else "")
+                     + (f" --grow-state {config['grow_state']}" if config.get("grow_state") and index == 0 else "")
+                     + (f" --state-size {config['state_size']}" if config.get("state_size", 16) != 16
+                        and not config.get("init") else "")
                      + (f" --tokenizer {config['tokenizer']}" if config.get("tokenizer") else ""))
     return "\n".join(lines)
 

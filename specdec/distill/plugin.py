@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+from torch import nn
 from transformers import (AutoConfig, LlamaConfig, LlamaForCausalLM, MambaConfig, MambaForCausalLM, PreTrainedModel,
                           PreTrainedTokenizerBase)
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
@@ -31,7 +32,8 @@ from specdec.vocab import load_draft_vocab
 def build_drafter(config: TrainConfig, vocab_size: int) -> PreTrainedModel:
     """A small Mamba or Llama-style drafter with a tied embedding; the two have comparable parameter counts."""
     if config.arch == "mamba":
-        return MambaForCausalLM(MambaConfig(vocab_size=vocab_size, hidden_size=config.hidden, state_size=16,
+        return MambaForCausalLM(MambaConfig(vocab_size=vocab_size, hidden_size=config.hidden,
+                                            state_size=config.state_size,
                                             num_hidden_layers=config.mamba_layers, expand=2, conv_kernel=4,
                                             use_mambapy=True, tie_word_embeddings=True, bos_token_id=1,
                                             eos_token_id=2, pad_token_id=2))
@@ -62,6 +64,32 @@ def grow_layers(model: PreTrainedModel, extra: int) -> None:
             for linear in outputs:
                 linear.weight.zero_()
         layers.append(block.to(reference.device, reference.dtype))
+
+
+def grow_state(model: MambaForCausalLM, size: int, std: float = 0.02, seed: int = 0) -> None:
+    """Widen every Mamba layer's SSM state from N to `size` channels (`train --init FOLDER --grow-state SIZE`).
+
+    The new channels get the decay rates a fresh mixer would give channels N+1..size (A = -(N+1), ..., -size), a
+    small random input projection B and a zero read-out C, so the widened drafter computes exactly what it did
+    (its outputs read no new channel) while the new channels already carry the input: the gradient of C reads
+    their states, and they learn from there. x_proj's rows are [Δ (R), B (N), C (N)]; each block grows in place.
+    """
+    old = model.config.state_size
+    if size <= old:
+        raise ValueError(f"--grow-state {size}: the drafter's state already has {old} channels")
+    generator = torch.Generator().manual_seed(seed)
+    model.config.state_size = size
+    for block in model.backbone.layers:
+        mixer = block.mixer
+        rank, weight = mixer.time_step_rank, mixer.x_proj.weight.data  # [R + 2N, d_in]
+        dt_rows, b_rows, c_rows = weight.split([rank, old, old])
+        new_b = torch.randn(size - old, weight.shape[1], generator=generator).to(weight) * std
+        x_proj = nn.Linear(weight.shape[1], rank + 2 * size, bias=False).to(weight)
+        x_proj.weight.data.copy_(torch.cat([dt_rows, b_rows, new_b, c_rows, c_rows.new_zeros(size - old, c_rows.shape[1])]))
+        channels = torch.arange(old + 1, size + 1, dtype=mixer.A_log.dtype, device=mixer.A_log.device)
+        new_a = channels.log().expand(mixer.A_log.shape[0], -1)
+        mixer.x_proj, mixer.ssm_state_size = x_proj, size
+        mixer.A_log = nn.Parameter(torch.cat([mixer.A_log.data, new_a], dim=1))
 
 
 def project_embedding(target_embedding: torch.Tensor, dim: int, std: float = 0.02) -> torch.Tensor:
@@ -169,6 +197,12 @@ class PlugIn(Recipe):
         model = read_folder_model(config.init, torch.float32)
         if config.grow_layers:
             grow_layers(model, config.grow_layers)
+        if config.grow_state:
+            if self.kind != "mamba":
+                raise SystemExit("--grow-state widens a Mamba drafter's state; a Transformer has none")
+            grow_state(model, config.grow_state, seed=config.seed)
+        if self.kind == "mamba":
+            config.state_size = model.config.state_size
         config.hidden = model.config.hidden_size
         config.mamba_layers = config.tf_layers = model.config.num_hidden_layers
         draft_ids = load_draft_vocab(config.init)

@@ -47,6 +47,8 @@ class TrainConfig:
     threads: int | None = None
     init: str | None = None  # a fresh run starts from this exported drafter folder (weights, V_d, size)
     grow_layers: int = 0  # with `init`: layers appended to the folder's, each starting as the identity
+    state_size: int = 16  # a Mamba drafter's SSM state channels N (a fresh run; a warm start keeps the folder's)
+    grow_state: int = 0  # with `init`: widen a Mamba drafter's state to this many channels, outputs unchanged
     tokenizer: str | None = None  # the drafter's own tokenizer folder (a drafter for a target of another tokenizer)
 
 
