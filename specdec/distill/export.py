@@ -18,6 +18,7 @@ from transformers import PreTrainedTokenizerBase
 
 from specdec.distill.corpus import DOMAINS
 from specdec.distill.recipe import Recipe
+from specdec.distill.teacher import folder_part, sampled_temperature
 from specdec.distill.train import load_run, read_segments, recipe_for
 from specdec.vocab import load_draft_vocab
 
@@ -74,6 +75,32 @@ def sampled_data(seg: dict) -> list[dict]:
         return [{"temperature": seg["sampling_temperature"], "passes": seg["sampled_passes"],
                  "shards": seg["sampled_shards"]}]
     return []
+
+
+def shards_read(seg: dict, folder: str) -> int | None:
+    """How many of a teacher folder's shards (`responses/train`, `text`, ...) one segment trained on, as its data
+    record says; None for a held-out folder, or a sampled folder whose temperature had several passes."""
+    name = folder.removeprefix("responses/")
+    if folder == "text":
+        return seg.get("text_shards", 0)
+    if name == "train":
+        return seg.get("response_shards", 0)
+    if (part := folder_part(name)) is not None:
+        return seg.get("part_shards", {}).get(str(part), 0)
+    if name.startswith("train-t"):
+        same = [s for s in sampled_data(seg) if s["temperature"] == sampled_temperature(name)]
+        return (same[0]["shards"] if same[0]["passes"] == 1 else None) if same else 0
+    return None
+
+
+def _shards_read(segments: list[dict], folder: str, shards: int) -> str:
+    """Where the run trained on fewer of a folder's shards than the folder holds at export (the teacher went on
+    meanwhile), how many it read."""
+    counts = [n for seg in segments if (n := shards_read(seg, folder)) is not None]
+    read = max(counts, default=None)
+    if read is None or read >= shards:
+        return ""
+    return "; this run read none of them" if read == 0 else f"; this run read the first {read}"
 
 
 def _reproduce(recipe: Recipe, name: str, config: dict, segments: list[dict]) -> str:
@@ -151,10 +178,11 @@ def model_card(name: str, run: Path, report: dict, counters: dict, teacher_summa
     commands that rebuild it; the recipe (the run's `arch`) writes what is its own."""
     config = counters["config"]
     recipe = recipe or recipe_for(config["arch"])
+    segments = _segments(run, config, teacher_summary)
     data = "\n".join(f"- `{k}`: {v['labelled_tokens']:,} labelled tokens in {v['shards']} shards"
                      + (f" ({v['answer_tokens']:,} in the target's answers, the rest in prompts)"
-                        if k.startswith("responses") else "") for k, v in teacher_summary.items())
-    segments = _segments(run, config, teacher_summary)
+                        if k.startswith("responses") else "") + _shards_read(segments, k, v["shards"])
+                     for k, v in teacher_summary.items())
     unique = segments[-1]["unique_labelled"]
     budgets = "; then ".join(f"{s['minutes']} min / " + (f"{s['max_tokens']:,}" if s["max_tokens"] else "no")
                              + f" token cap on {segment_data(s)}"

@@ -261,7 +261,8 @@ class PlugIn(Recipe):
     # --- the model card -----------------------------------------------------------------------------------------
     def describe(self, config: dict, vocab: int, params: int, size: int) -> str:
         arch = "Mamba" if self.kind == "mamba" else "Llama-style Transformer"
-        return f"""A {arch} drafter ({params / 1e6:.1f}M parameters: d_model {config['hidden']}, {self.layers(config)} layers,
+        state = f", SSM state {config.get('state_size', 16)}" if self.kind == "mamba" else ""
+        return f"""A {arch} drafter ({params / 1e6:.1f}M parameters: d_model {config['hidden']}, {self.layers(config)} layers{state},
 tied embedding initialised from an SVD projection of the target's) distilled from **SmolLM2-135M-Instruct** for
 speculative decoding with the `specdec` engine. The draft head scores {vocab:,} token ids (`draft_vocab.json`,
 the target's most frequent greedy tokens); q is 0 elsewhere. Weights in bfloat16, the embedding as int8 rows
