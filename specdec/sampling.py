@@ -5,17 +5,21 @@ Glossary:
     n       number of tree nodes, root included (node 0 is the last emitted token)
     p       target distribution at a node, [n, V]: p[i] is the target's next-token distribution after node i
     q       drafter distribution at a node, [n, V]: q[i] is what node i's children were drawn from
-    x       a drafted token; children of one node are i.i.d. draws x ~ q[parent], except children marked
-            `point` (a token copied from the context), proposed with a point mass at x
+    x       a drafted token; the drafted children of one node are draws from q[parent] without replacement
+            (`sample_distinct`): child j from q_j, q with the earlier children's tokens removed and renormalised.
+            Children marked `point` (a token copied from the context) are proposed with a point mass at x
     u       uniform random numbers for the accept tests
 
-Multi-draft acceptance (docs/method.md, "3. Accept"): at an accepted node with children x_1..x_k (i.i.d. from q), try
-them in order; accept x_j with probability min(1, p(x_j) / q(x_j)); on rejection replace p by the residual
-norm(max(0, p - q)) and try the next child. If none is accepted the *correction* token is drawn from the
-residual; if a leaf is accepted the *bonus* token is drawn from p at the leaf. The emitted tokens are then
-distributed exactly as the target's own samples. The argument holds with one proposal distribution per child,
-as long as each child is drawn independently of the others: a point-mass child x (q = δ_x, a copied token) is
-accepted with probability p(x), and its rejection leaves p with x removed.
+Multi-draft acceptance (docs/method.md, "3. Accept"): at an accepted node with children x_1..x_k, try them in order;
+accept x_j with probability min(1, p(x_j) / q_j(x_j)), q_j the law x_j was drawn from; on rejection replace p by
+the residual norm(max(0, p - q_j)) and try the next child. If none is accepted the *correction* token is drawn
+from the residual; if a leaf is accepted the *bonus* token is drawn from p at the leaf. The emitted tokens are
+then distributed exactly as the target's own samples. The argument holds with one proposal law per child, as
+long as each child's law given the children before it is known: the residual left by rejecting x_j is the law
+the rest must produce whatever x_j was (it is 0 at x_j, since x_j is rejected only where q_j(x_j) > p(x_j)), so
+the next child may be drawn from q with x_j removed, which never repeats a token the residual has just ruled
+out. A point-mass child x (q = δ_x, a copied token) is accepted with probability p(x), and its rejection leaves
+p with x removed.
 """
 
 from __future__ import annotations
@@ -60,6 +64,44 @@ def sample(probs: torch.Tensor, num_samples: int, generator: torch.Generator | N
     draws = torch.searchsorted(cdf, u, right=True)  # the first token whose cumulative weight exceeds u
     # u may round up to the total: the last token of positive weight then (the first to reach the total)
     draws = torch.minimum(draws, torch.searchsorted(cdf, total))
+    return draws.reshape(*probs.shape[:-1], num_samples)
+
+
+def sample_distinct(probs: torch.Tensor, num_samples: int, generator: torch.Generator | None) -> torch.Tensor:
+    """Draws without replacement from each row of `probs` (weights): [..., V] -> [..., num_samples] token ids,
+    draw j from the row's weights with draws 0..j-1 removed; -1 where a row has fewer tokens of positive weight
+    than draws.
+
+    One cumulative sum a row, as `sample` makes: draw j inverts it at a uniform number over the weight left,
+    stepped over the intervals of the tokens already drawn (in increasing order of token id).
+    """
+    flat = probs.reshape(-1, probs.shape[-1])
+    rows = len(flat)
+    wide = torch.float32 if flat.device.type == "mps" else torch.float64
+    cdf = flat.to(wide).cumsum(-1)  # [R, V]
+    total = cdf[:, -1]  # [R]
+    if not bool((total > 0).all()):
+        raise ValueError("cannot sample from a row without positive weight")
+    left = flat > 0  # [R, V] tokens of positive weight not drawn yet
+    positive = left.sum(-1)  # [R]
+    index = torch.arange(flat.shape[-1], device=flat.device)
+    starts = cdf.new_zeros(rows, 0)  # the drawn tokens' intervals [start, end) of the cumulative sum
+    ends = cdf.new_zeros(rows, 0)
+    draws = torch.full((rows, num_samples), -1, dtype=torch.long, device=flat.device)
+    for j in range(num_samples):
+        u = torch.rand(rows, generator=generator, device=flat.device, dtype=wide) * (total - (ends - starts).sum(-1))
+        order = starts.argsort(-1)
+        for start, end in zip(starts.gather(-1, order).unbind(-1), ends.gather(-1, order).unbind(-1)):
+            u = torch.where(u >= start, end + (u - start), u)  # past a drawn token's interval
+        x = torch.searchsorted(cdf, u[:, None], right=True)[:, 0]
+        # u may round up to the weight left: the last token of positive weight not drawn yet then
+        x = torch.minimum(x, torch.where(left, index, -1).amax(-1).clamp_min(0))
+        valid = positive > j
+        draws[:, j] = torch.where(valid, x, -1)
+        left[valid, x[valid]] = False
+        start = torch.where(x > 0, cdf.gather(-1, (x - 1).clamp_min(0)[:, None])[:, 0], 0.0)
+        starts = torch.cat([starts, start[:, None]], -1)
+        ends = torch.cat([ends, cdf.gather(-1, x[:, None])], -1)
     return draws.reshape(*probs.shape[:-1], num_samples)
 
 
@@ -110,16 +152,28 @@ def accept_node(p: torch.Tensor, q: torch.Tensor | None, xs: list[int], u: torch
     """Multi-draft rejection sampling at one node.
 
     p: [V] target distribution, q: [V] drafter distribution (None when every child is a point mass), xs: the
-    children's tokens (i.i.d. from q, except those with `point[j]`, proposed with a point mass), u: [len(xs)]
-    uniforms. Returns (index into xs of the accepted child or None, distribution for the correction token, i.e.
-    the final residual).
+    children's tokens (drawn from q without replacement, `sample_distinct`, except those with `point[j]`,
+    proposed with a point mass), u: [len(xs)] uniforms. Returns (index into xs of the accepted child or None,
+    distribution for the correction token, i.e. the final residual).
     """
+    drawn: list[int] = []  # the tokens of the children drawn from q so far
     for j, x in enumerate(xs):
-        q_j = _point_mass(p, x) if point and point[j] else q  # [V]
-        if u[j] * q_j[x] < p[x]:  # u < min(1, p(x)/q(x)), without dividing by q(x)
+        if point and point[j]:
+            q_j = _point_mass(p, x)
+        else:  # [V] the law child j was drawn from: q itself, then q less the earlier draws
+            q_j = q if not drawn else _without(q, drawn)
+            drawn.append(x)
+        if u[j] * q_j[x] < p[x]:  # u < min(1, p(x)/q_j(x)), without dividing by q_j(x)
             return j, p
         p = residual(p, q_j)
     return None, p
+
+
+def _without(q: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+    """q with `tokens` removed, renormalised."""
+    left = q.clone()  # [V]
+    left[tokens] = 0.0
+    return left / left.sum()
 
 
 def _point_mass(like: torch.Tensor, x: int) -> torch.Tensor:

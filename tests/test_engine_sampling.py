@@ -127,8 +127,13 @@ def _no_point_mass(like: torch.Tensor, x: int) -> torch.Tensor:
     return torch.zeros_like(like)  # bug: a copied token's proposal is taken as q = 0 instead of the point mass δ_x
 
 
+def _as_if_independent(q: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+    return q  # bug: a later sibling, drawn from q less the earlier ones, is tested against the whole of q
+
+
 @pytest.mark.parametrize("name, bug, method, tree", [("residual", _skip_residual, "mamba-tree", "3,2"),
-                                                     ("_point_mass", _no_point_mass, "lookup-chain", "2")])
+                                                     ("_point_mass", _no_point_mass, "lookup-chain", "2"),
+                                                     ("_without", _as_if_independent, "mamba-tree", "3,2")])
 def test_the_check_rejects_a_plausible_bug(tiny_models, monkeypatch, name, bug, method, tree):
     """Negative controls: the engine with one line of its acceptance wrong fails the same chi-square check."""
     assert callable(getattr(sampling, name))  # the function the bug replaces is still there

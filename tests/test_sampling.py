@@ -2,8 +2,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from specdec import sampling
 from specdec.sampling import (accept_greedy, accept_node, accept_sampling, first_child_chances, logits_to_probs,
-                              residual, sample)
+                              residual, sample, sample_distinct)
 
 
 def test_residual_is_normalised_positive_part():
@@ -31,15 +32,69 @@ def emitted_counts(p, q, children, n: int, g, point=None) -> torch.Tensor:
 
 
 def test_multi_draft_node_is_exact():
-    """k i.i.d. drafts from q, accepted as in docs/method.md ("3. Accept"): the emitted token is distributed as p."""
+    """k drafts from q without replacement, accepted as in docs/method.md ("3. Accept"): the emitted token is
+    distributed as p."""
     g = torch.Generator().manual_seed(0)
     p = torch.tensor([0.5, 0.05, 0.25, 0.2])
     q = torch.tensor([0.1, 0.6, 0.1, 0.2])
     n = 20000
-    counts = emitted_counts(p, q, lambda i: torch.multinomial(q, 3, replacement=True, generator=g).tolist(), n, g)
+    counts = emitted_counts(p, q, lambda i: sample_distinct(q, 3, g).tolist(), n, g)
     assert chisquare(counts.numpy(), (p * n).numpy()).pvalue > 1e-3
     # the same test does detect the drafter's own distribution
     assert chisquare(counts.numpy(), (q * n).numpy()).pvalue < 1e-6
+
+
+def test_the_node_check_rejects_distinct_drafts_tested_as_if_independent(monkeypatch):
+    """Negative control: drafts without replacement, each tested against the whole q (the law of independent
+    draws, not the one they came from), emit a detectably wrong law."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.tensor([0.5, 0.05, 0.25, 0.2])
+    q = torch.tensor([0.1, 0.6, 0.1, 0.2])
+    n = 20000
+
+    def as_if_independent(p, q, xs, u, point=None):
+        for j, x in enumerate(xs):
+            if u[j] * q[x] < p[x]:
+                return j, p
+            p = residual(p, q)
+        return None, p
+
+    monkeypatch.setattr(sampling, "accept_node", as_if_independent)
+    counts = torch.zeros(4)
+    for _ in range(n):
+        xs = sample_distinct(q, 3, g).tolist()
+        j, p_res = sampling.accept_node(p, q, xs, torch.rand(3, generator=g))
+        counts[xs[j] if j is not None else int(torch.multinomial(p_res, 1, generator=g))] += 1
+    assert chisquare(counts.numpy(), (p * n).numpy()).pvalue < 1e-6
+
+
+def test_sample_distinct_draws_in_turn_from_the_weights_left():
+    """Each draw's law is the row's weights less the earlier draws, renormalised (chi-square on the ordered
+    pairs); a row with fewer positive tokens than draws gets -1 for the rest; tokens of zero weight never come."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.tensor([[0.0, 3.0, 1.0, 0.0, 2.0, 4.0], [5.0, 0.0, 0.0, 1.0, 0.0, 0.0]], dtype=torch.float64)
+    n = 20000
+    draws = sample_distinct(w.expand(n, 2, 6), 2, g)  # [n, 2, 2]
+    first, second = draws[:, 0, 0], draws[:, 0, 1]
+    assert bool((first != second).all()) and set(draws[:, 0].flatten().tolist()) <= {1, 2, 4, 5}
+    pairs = [(a, b) for a in (1, 2, 4, 5) for b in (1, 2, 4, 5) if a != b]
+    law = torch.tensor([w[0, a] / w[0].sum() * w[0, b] / (w[0].sum() - w[0, a]) for a, b in pairs])
+    seen = torch.tensor([float(((first == a) & (second == b)).sum()) for a, b in pairs])
+    assert chisquare(seen.numpy(), (law * n).numpy()).pvalue > 1e-3
+    # the control: the law of independent draws (repeats removed) is detectably different
+    wrong = torch.tensor([w[0, a] * w[0, b] for a, b in pairs])
+    assert chisquare(seen.numpy(), (wrong / wrong.sum() * n).numpy()).pvalue < 1e-6
+    two = sample_distinct(w[1], 3, g)
+    assert sorted(two[:2].tolist()) == [0, 3] and int(two[2]) == -1
+    with pytest.raises(ValueError, match="without positive weight"):
+        sample_distinct(torch.zeros(2, 4), 2, g)
+
+
+def test_sample_distinct_never_repeats_at_the_rounding_edge(monkeypatch):
+    """A uniform that rounds up to the weight left lands on the last token not drawn yet, never on a drawn one."""
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.ones(a[0], dtype=k["dtype"]))
+    w = torch.tensor([0.2, 0.0, 0.5, 0.3, 0.0])
+    assert sample_distinct(w, 3, None).tolist() == [3, 2, 0]
 
 
 def test_greedy_walk():
@@ -65,19 +120,19 @@ def test_sampling_walk_accepts_certain_tokens():
 
 
 def test_point_mass_children_keep_the_node_exact():
-    """Two i.i.d. drafts from q, then a copied token (a point mass): the emitted token is still distributed as p."""
+    """Two drafts from q (without replacement), then a copied token (a point mass): the emitted token is still distributed as p."""
     g = torch.Generator().manual_seed(1)
     p = torch.tensor([0.1, 0.4, 0.3, 0.2])
     q = torch.tensor([0.7, 0.1, 0.1, 0.1])
     n = 20000
 
-    def two_draws_and(copied):  # the copy is any token fixed before the draws, whatever its p
-        return lambda i: [*torch.multinomial(q, 2, replacement=True, generator=g).tolist(), copied(i)]
+    def draws_and(k, copied):  # the copy is any token fixed before the draws, whatever its p
+        return lambda i: [*sample_distinct(q, k, g).tolist(), copied(i)]
 
-    counts = emitted_counts(p, q, two_draws_and(lambda i: i % 4), n, g, point=[False, False, True])
+    counts = emitted_counts(p, q, draws_and(2, lambda i: i % 4), n, g, point=[False, False, True])
     assert chisquare(counts.numpy(), (p * n).numpy()).pvalue > 1e-3
     # treating the copy as one more draw from q is detectably wrong
-    wrong = emitted_counts(p, q, two_draws_and(lambda i: 1), n, g)
+    wrong = emitted_counts(p, q, draws_and(1, lambda i: 1), n, g)
     assert chisquare(wrong.numpy(), (p * n).numpy()).pvalue < 1e-6
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.sampling import logits_to_probs, sample
+from specdec.sampling import logits_to_probs, sample, sample_distinct
 from specdec.tree import TreeShape
 
 
@@ -61,11 +61,12 @@ class Sampler:
         return self.temperature == 0.0
 
     def children(self, logits: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """logits: [m, V] at m nodes -> (children tokens [m, width], q [m, V])."""
+        """logits: [m, V] at m nodes -> (children tokens [m, width], q [m, V]). Sampling draws a node's children
+        from q without replacement (-1 where q has fewer tokens than `width`; no child is made for it)."""
         q = logits_to_probs(logits, self.temperature, self.top_p)  # [m, V]
         if self.greedy:  # a chain's one child by `max`, much cheaper than `topk` over a large vocabulary
             return logits.max(-1, keepdim=True).indices if width == 1 else logits.topk(width, dim=-1).indices, q
-        return sample(q, width, self.generator), q  # [m, width]
+        return (sample(q, 1, self.generator) if width == 1 else sample_distinct(q, width, self.generator)), q
 
 
 class TreeBuilder:
@@ -83,12 +84,14 @@ class TreeBuilder:
     def add_level(self, frontier: list[int], kids: torch.Tensor, q: torch.Tensor, last: bool = False) -> list[int]:
         """frontier: m parent nodes; kids: [m, width] tokens; q: [m, V]. Returns the next frontier: the new nodes
         whose children are worth drafting (branch probability at least `min_expand_q`), none on the `last` level."""
-        q_kid = q.gather(-1, kids)  # [m, width]
+        q_kid = q.gather(-1, kids.clamp_min(0))  # [m, width]
         new_nodes = []
         for row, parent in enumerate(frontier):
             if self.keep_q:
                 self.q_rows[parent] = q[row]
             for token, q_value in zip(kids[row].tolist(), q_kid[row].tolist()):
+                if token < 0:  # no token of q was left to draw
+                    continue
                 branch_q = self.branch_q[parent] * q_value
                 if self.drop_weak and branch_q < self.min_branch_q:
                     continue
