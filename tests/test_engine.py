@@ -33,6 +33,17 @@ def test_greedy_is_identical_to_target_alone(tiny_models, method, tree, trim):
     assert sd.new_tokens == 40 and sum(len(r.emitted) for r in rounds) == 40
 
 
+@pytest.mark.parametrize("method", ["mamba-chain", "mamba-ucb"])
+def test_a_drafter_reading_part_of_the_prompt_keeps_greedy_identical(tiny_models, monkeypatch, method):
+    """The Mamba drafter reads only the prompt's last `PREFILL_WINDOW` tokens; what is emitted stays the target's."""
+    from specdec.drafters import mamba
+
+    monkeypatch.setattr(mamba, "PREFILL_WINDOW", 2)
+    _, ar = run(tiny_models, method="ar", max_new_tokens=30)
+    rounds, sd = run(tiny_models, method=method, max_new_tokens=30)
+    assert sd.token_ids == ar.token_ids and any(r.accepted_len for r in rounds)
+
+
 @pytest.mark.parametrize("method, tree", [("tf-chain", "4"), ("tf-tree", "2,2,1")])
 def test_self_drafting_accepts_every_greedy_chain(self_draft_models, method, tree):
     _, ar = run(self_draft_models, method="ar", max_new_tokens=30)

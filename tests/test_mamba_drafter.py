@@ -215,6 +215,21 @@ def test_rounds_that_draft_nothing_leave_the_tokens_for_one_sequence_pass():
     torch.testing.assert_close(fed.conv, state.conv)
 
 
+def test_the_drafter_starts_from_the_prompts_last_tokens(monkeypatch):
+    """A prompt longer than `PREFILL_WINDOW` is read from its last tokens only: the root's q is that of those
+    tokens from a zero state."""
+    from specdec.drafters import mamba as mamba_module
+
+    monkeypatch.setattr(mamba_module, "PREFILL_WINDOW", 4)
+    model = tiny_mamba(V, seed=3)
+    drafter = MambaDrafter(model, V)
+    context = [4, 1, 9, 7, 2, 11, 5]
+    drafter.start(context, 4)
+    tree = drafter.draft(TreeShape((1,)), Sampler(1.0, 1.0, torch.Generator().manual_seed(0)))
+    torch.testing.assert_close(tree.q[0], torch.softmax(_scratch_logits(model, context[-4:]), -1), atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(tree.q[0], torch.softmax(_scratch_logits(model, context), -1), atol=1e-3)
+
+
 def test_reduced_draft_head_puts_no_mass_outside_it():
     model = tiny_mamba(V, seed=6)
     head = torch.tensor([0, 2, 3, 7, 12])
