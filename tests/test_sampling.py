@@ -38,7 +38,8 @@ def test_multi_draft_node_is_exact():
     p = torch.tensor([0.5, 0.05, 0.25, 0.2])
     q = torch.tensor([0.1, 0.6, 0.1, 0.2])
     n = 20000
-    counts = emitted_counts(p, q, lambda i: sample_distinct(q, 3, g).tolist(), n, g)
+    drafts = sample_distinct(q.expand(n, -1), 3, g).tolist()  # [n, 3], each row drawn without replacement
+    counts = emitted_counts(p, q, lambda i: drafts[i], n, g)
     assert chisquare(counts.numpy(), (p * n).numpy()).pvalue > 1e-3
     # the same test does detect the drafter's own distribution
     assert chisquare(counts.numpy(), (q * n).numpy()).pvalue < 1e-6
@@ -61,8 +62,7 @@ def test_the_node_check_rejects_distinct_drafts_tested_as_if_independent(monkeyp
 
     monkeypatch.setattr(sampling, "accept_node", as_if_independent)
     counts = torch.zeros(4)
-    for _ in range(n):
-        xs = sample_distinct(q, 3, g).tolist()
+    for xs in sample_distinct(q.expand(n, -1), 3, g).tolist():
         j, p_res = sampling.accept_node(p, q, xs, torch.rand(3, generator=g))
         counts[xs[j] if j is not None else int(torch.multinomial(p_res, 1, generator=g))] += 1
     assert chisquare(counts.numpy(), (p * n).numpy()).pvalue < 1e-6
@@ -127,7 +127,8 @@ def test_point_mass_children_keep_the_node_exact():
     n = 20000
 
     def draws_and(k, copied):  # the copy is any token fixed before the draws, whatever its p
-        return lambda i: [*sample_distinct(q, k, g).tolist(), copied(i)]
+        drafts = sample_distinct(q.expand(n, -1), k, g).tolist()
+        return lambda i: [*drafts[i], copied(i)]
 
     counts = emitted_counts(p, q, draws_and(2, lambda i: i % 4), n, g, point=[False, False, True])
     assert chisquare(counts.numpy(), (p * n).numpy()).pvalue > 1e-3
