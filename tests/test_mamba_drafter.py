@@ -11,7 +11,7 @@ from specdec.drafters import mixer as mixer_module
 from specdec.drafters.mixer import (kernels_available, mixer_forward, mixer_sequence, mixer_step_kernel,
                                     mixer_step_ref, mixer_weights, scan_sequence, scan_step)
 from specdec.tree import TreeShape, parse_shape
-from tests.tiny import tiny_mamba
+from tests.tiny import tiny_llama, tiny_mamba
 
 V = 13
 
@@ -216,13 +216,25 @@ def test_rounds_that_draft_nothing_leave_the_tokens_for_one_sequence_pass():
 
 
 def test_the_drafter_starts_from_the_prompts_last_tokens(monkeypatch):
-    """A prompt longer than `PREFILL_WINDOW` is read from its last tokens only: the root's q is that of those
+    """A prompt longer than `prefill_window` is read from its last tokens only: the root's q is that of those
     tokens from a zero state."""
-    from specdec.drafters import mamba as mamba_module
-
-    monkeypatch.setattr(mamba_module, "PREFILL_WINDOW", 4)
+    monkeypatch.setattr(MambaDrafter, "prefill_window", 4)
     model = tiny_mamba(V, seed=3)
     drafter = MambaDrafter(model, V)
+    context = [4, 1, 9, 7, 2, 11, 5]
+    drafter.start(context, 4)
+    tree = drafter.draft(TreeShape((1,)), Sampler(1.0, 1.0, torch.Generator().manual_seed(0)))
+    torch.testing.assert_close(tree.q[0], torch.softmax(_scratch_logits(model, context[-4:]), -1), atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(tree.q[0], torch.softmax(_scratch_logits(model, context), -1), atol=1e-3)
+
+
+def test_the_transformer_drafter_starts_from_the_prompts_last_tokens_at_position_0(monkeypatch):
+    """The same window for the Transformer drafter: its root q is the model's over the last tokens alone."""
+    from specdec.drafters.transformer import TransformerDrafter
+
+    monkeypatch.setattr(TransformerDrafter, "prefill_window", 4)
+    model = tiny_llama(V, seed=3)
+    drafter = TransformerDrafter(model, V)
     context = [4, 1, 9, 7, 2, 11, 5]
     drafter.start(context, 4)
     tree = drafter.draft(TreeShape((1,)), Sampler(1.0, 1.0, torch.Generator().manual_seed(0)))

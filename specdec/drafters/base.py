@@ -38,6 +38,9 @@ class DraftTree:
     # (one piece per token) whose branch added the node
 
 
+PREFILL_WINDOW = 512
+
+
 @dataclass
 class Sampler:
     """How drafted children are chosen: greedy takes the top-N distinct tokens, sampling draws N i.i.d.
@@ -118,6 +121,12 @@ class Drafter(ABC):
     name: str = "drafter"
     reads_target: bool = False  # whether it uses the target's hidden states (shown in the app)
     max_context: int | None = None  # the longest context it can take, when it has a limit
+    # The prompt tokens (the last ones) a plug-in drafter reads when a generation starts. A longer prompt then
+    # costs the drafter no more, and its guesses lose nothing by it: the Mamba drafter's are as good from the last
+    # 128 tokens as from 4k, and the Transformer drafter's are better, as it was trained on short windows
+    # (docs/benchmarks.md, "The drafter's start on a long prompt"). What a drafter drafts never changes what is
+    # emitted.
+    prefill_window: int = PREFILL_WINDOW
 
     @classmethod
     def build(cls, loaded, target, cuda_graphs: bool | None = None) -> Drafter:

@@ -40,7 +40,6 @@ from specdec.tree import TreeShape
 from specdec.vocab import fit_vocab, load_draft_vocab, scatter_head
 
 FEED_STEPS = 2  # `MambaDrafter.feed` steps up to this many tokens one by one, and runs longer runs as a sequence
-PREFILL_WINDOW = 512  # the prompt tokens (the last ones) a Mamba drafter reads when a generation starts
 
 
 @dataclass
@@ -236,10 +235,8 @@ class MambaDrafter(Drafter):
 
     # --- the Drafter interface ----------------------------------------------------------------------------
     def start(self, context: list[int], max_nodes: int, features: torch.Tensor | None = None) -> None:
-        """Read the prompt's last `PREFILL_WINDOW` tokens from a zero state: a longer prompt costs the drafter no
-        more, and its guesses lose nothing measurable by it (docs/benchmarks.md, "The drafter's start on a long
-        prompt"); what it drafts never changes what is emitted."""
-        root_state, self.root_logits = self.prefill(context[-PREFILL_WINDOW:])
+        """Read the prompt's last `prefill_window` tokens from a zero state."""
+        root_state, self.root_logits = self.prefill(context[-self.prefill_window:])
         self.buffers = self.stack.zeros(max_nodes + 1, self.device)  # row i = state after node i's token
         self.buffers.write(torch.tensor([0], device=self.device), root_state)
         self.root = context[-1]

@@ -48,6 +48,8 @@ class TransformerDrafter(Drafter):
 
     def start(self, context: list[int], max_nodes: int, features: torch.Tensor | None = None) -> None:
         self.lm.reset()
+        """Read the prompt's last `prefill_window` tokens, from position 0."""
+        context = context[-self.prefill_window:]
         if len(context) > 1:
             self.lm.prefill(self._inputs(context[:-1]))  # one causal pass, no tree mask
         self.pending = [context[-1]]  # tokens not yet in the drafter's cache; the last one is the root
