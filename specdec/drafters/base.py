@@ -123,7 +123,7 @@ class Drafter(ABC):
     max_context: int | None = None  # the longest context it can take, when it has a limit
     # The prompt tokens (the last ones) a plug-in drafter reads when a generation starts. A longer prompt then
     # costs the drafter no more, and its guesses lose nothing by it: the Mamba drafter's are as good from the last
-    # 128 tokens as from 4k, and the Transformer drafter's are better, as it was trained on short windows
+    # 128 tokens as from 4k, and the Transformer drafter's are better, as it was last trained on short windows
     # (docs/benchmarks.md, "The drafter's start on a long prompt"). What a drafter drafts never changes what is
     # emitted.
     prefill_window: int = PREFILL_WINDOW
