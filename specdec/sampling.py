@@ -72,36 +72,27 @@ def sample_distinct(probs: torch.Tensor, num_samples: int, generator: torch.Gene
     draw j from the row's weights with draws 0..j-1 removed; -1 where a row has fewer tokens of positive weight
     than draws.
 
-    One cumulative sum a row, as `sample` makes: draw j inverts it at a uniform number over the weight left,
-    stepped over the intervals of the tokens already drawn (in increasing order of token id).
+    Each draw is `sample`'s inversion of a cumulative sum, taken over the weights left: after a token that held
+    nearly all the weight is drawn, what is left may be far below the first sum's rounding, so each draw sums
+    afresh (a sum a draw; a node has few children).
     """
     flat = probs.reshape(-1, probs.shape[-1])
-    rows = len(flat)
     wide = torch.float32 if flat.device.type == "mps" else torch.float64
-    cdf = flat.to(wide).cumsum(-1)  # [R, V]
-    total = cdf[:, -1]  # [R]
-    if not bool((total > 0).all()):
+    weights = flat.to(wide, copy=True)  # [R, V], drawn tokens zeroed as they are drawn
+    if not bool((weights.sum(-1) > 0).all()):
         raise ValueError("cannot sample from a row without positive weight")
-    left = flat > 0  # [R, V] tokens of positive weight not drawn yet
-    positive = left.sum(-1)  # [R]
     index = torch.arange(flat.shape[-1], device=flat.device)
-    starts = cdf.new_zeros(rows, 0)  # the drawn tokens' intervals [start, end) of the cumulative sum
-    ends = cdf.new_zeros(rows, 0)
-    draws = torch.full((rows, num_samples), -1, dtype=torch.long, device=flat.device)
+    draws = torch.full((len(flat), num_samples), -1, dtype=torch.long, device=flat.device)
     for j in range(num_samples):
-        u = torch.rand(rows, generator=generator, device=flat.device, dtype=wide) * (total - (ends - starts).sum(-1))
-        order = starts.argsort(-1)
-        for start, end in zip(starts.gather(-1, order).unbind(-1), ends.gather(-1, order).unbind(-1)):
-            u = torch.where(u >= start, end + (u - start), u)  # past a drawn token's interval
-        x = torch.searchsorted(cdf, u[:, None], right=True)[:, 0]
-        # u may round up to the weight left: the last token of positive weight not drawn yet then
-        x = torch.minimum(x, torch.where(left, index, -1).amax(-1).clamp_min(0))
-        valid = positive > j
+        cdf = weights.cumsum(-1)  # [R, V]
+        total = cdf[:, -1]  # [R]
+        u = torch.rand(len(flat), generator=generator, device=flat.device, dtype=wide) * total
+        x = torch.searchsorted(cdf, u[:, None], right=True)[:, 0]  # the first token whose sum exceeds u
+        # u may round up to the total: the last token of positive weight then
+        x = torch.minimum(x, torch.where(weights > 0, index, -1).amax(-1).clamp_min(0))
+        valid = total > 0
         draws[:, j] = torch.where(valid, x, -1)
-        left[valid, x[valid]] = False
-        start = torch.where(x > 0, cdf.gather(-1, (x - 1).clamp_min(0)[:, None])[:, 0], 0.0)
-        starts = torch.cat([starts, start[:, None]], -1)
-        ends = torch.cat([ends, cdf.gather(-1, x[:, None])], -1)
+        weights[valid, x[valid]] = 0.0
     return draws.reshape(*probs.shape[:-1], num_samples)
 
 

@@ -453,11 +453,15 @@ def test_sampled_passes_label_other_answers_with_the_untempered_law(data, tmp_pa
            "--sampled-shards 1\n" in card and "temperature 0.5" not in card
     # shards the teacher wrote after the run read its data are listed as not read
     teacher.save_shard(teacher_dir / "responses" / "train" / "shard_00003.pt", greedy[0])
+    (teacher_dir / "responses" / teacher.sampled_folder(2.0, 1)).mkdir()
+    teacher.save_shard(teacher_dir / "responses" / teacher.sampled_folder(2.0, 1) / "shard_00000.pt", sampled[0])
     card = model_card("tf", tmp_path / "run", report, counters, teacher.summarize(teacher_dir), 1000, 10)
     (line,) = [x for x in card.splitlines() if x.startswith("- `responses/train`")]
     assert line.endswith("in 4 shards (" + line.split(" (")[1].split(")")[0] + "); this run read the first 3")
     (line,) = [x for x in card.splitlines() if x.startswith("- `responses/train-t2-0`")]
     assert "this run read" not in line
+    (line,) = [x for x in card.splitlines() if x.startswith("- `responses/train-t2-1`")]  # a later pass
+    assert line.endswith("; this run read none of them")
     # the card's train line rebuilds a drafter of this run's size
     from specdec.distill.__main__ import parser
 

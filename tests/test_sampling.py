@@ -2,7 +2,6 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdec import sampling
 from specdec.sampling import (accept_greedy, accept_node, accept_sampling, first_child_chances, logits_to_probs,
                               residual, sample, sample_distinct)
 
@@ -45,7 +44,7 @@ def test_multi_draft_node_is_exact():
     assert chisquare(counts.numpy(), (q * n).numpy()).pvalue < 1e-6
 
 
-def test_the_node_check_rejects_distinct_drafts_tested_as_if_independent(monkeypatch):
+def test_the_node_check_rejects_distinct_drafts_tested_as_if_independent():
     """Negative control: drafts without replacement, each tested against the whole q (the law of independent
     draws, not the one they came from), emit a detectably wrong law."""
     g = torch.Generator().manual_seed(0)
@@ -60,10 +59,9 @@ def test_the_node_check_rejects_distinct_drafts_tested_as_if_independent(monkeyp
             p = residual(p, q)
         return None, p
 
-    monkeypatch.setattr(sampling, "accept_node", as_if_independent)
     counts = torch.zeros(4)
     for xs in sample_distinct(q.expand(n, -1), 3, g).tolist():
-        j, p_res = sampling.accept_node(p, q, xs, torch.rand(3, generator=g))
+        j, p_res = as_if_independent(p, q, xs, torch.rand(3, generator=g))
         counts[xs[j] if j is not None else int(torch.multinomial(p_res, 1, generator=g))] += 1
     assert chisquare(counts.numpy(), (p * n).numpy()).pvalue < 1e-6
 
@@ -88,6 +86,27 @@ def test_sample_distinct_draws_in_turn_from_the_weights_left():
     assert sorted(two[:2].tolist()) == [0, 3] and int(two[2]) == -1
     with pytest.raises(ValueError, match="without positive weight"):
         sample_distinct(torch.zeros(2, 4), 2, g)
+
+
+def test_a_sibling_after_a_near_certain_token_is_drawn_from_the_weights_left():
+    """A drafter nearly sure of one token (the rest below float64 rounding of the whole sum): the next sibling is
+    drawn from the others as they weigh, and a node of such draws still emits p."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.softmax(torch.tensor([0.0, 0, 0, 0, 4.5, 0, 0, 0]) / 0.1, -1)  # q(4) = 1 - 7e-20
+    n = 20000
+    draws = sample_distinct(q.expand(n, -1), 2, g)
+    assert bool((draws[:, 0] == 4).all())
+    second = torch.bincount(draws[:, 1], minlength=8)[[0, 1, 2, 3, 5, 6, 7]]
+    assert chisquare(second.numpy(), [n / 7] * 7).pvalue > 1e-3
+    p = torch.tensor([0.01, 0.08, 0.08, 0.08, 0.5, 0.08, 0.08, 0.09])
+    counts = emitted_counts(p, q, lambda i: draws[i].tolist(), n, g)
+    assert chisquare(counts.numpy(), (p * n).numpy()).pvalue > 1e-3
+
+
+def test_sample_distinct_leaves_its_input_alone():
+    w = torch.tensor([[0.2, 0.5, 0.3]], dtype=torch.float64)
+    sample_distinct(w, 2, torch.Generator().manual_seed(0))
+    assert w.tolist() == [[0.2, 0.5, 0.3]]
 
 
 def test_sample_distinct_never_repeats_at_the_rounding_edge(monkeypatch):

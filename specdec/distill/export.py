@@ -87,15 +87,17 @@ def shards_read(seg: dict, folder: str) -> int | None:
         return seg.get("response_shards", 0)
     if (part := folder_part(name)) is not None:
         return seg.get("part_shards", {}).get(str(part), 0)
-    if name.startswith("train-t"):
+    if name.startswith("train-t"):  # train-t<T>-<pass>
         same = [s for s in sampled_data(seg) if s["temperature"] == sampled_temperature(name)]
-        return (same[0]["shards"] if same[0]["passes"] == 1 else None) if same else 0
+        if not same or int(name.rsplit("-", 1)[1]) >= same[0]["passes"]:
+            return 0  # a temperature, or a pass of it, the segment did not read
+        return same[0]["shards"] if same[0]["passes"] == 1 else None  # several passes: shards not told apart
     return None
 
 
 def _shards_read(segments: list[dict], folder: str, shards: int) -> str:
     """Where the run trained on fewer of a folder's shards than the folder holds at export (the teacher went on
-    meanwhile), how many it read."""
+    meanwhile, or the recipe does not read the folder), how many it read."""
     counts = [n for seg in segments if (n := shards_read(seg, folder)) is not None]
     read = max(counts, default=None)
     if read is None or read >= shards:

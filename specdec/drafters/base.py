@@ -43,7 +43,8 @@ PREFILL_WINDOW = 512
 
 @dataclass
 class Sampler:
-    """How drafted children are chosen: greedy takes the top-N distinct tokens, sampling draws N i.i.d.
+    """How drafted children are chosen: greedy takes the top-N distinct tokens, sampling draws N from q without
+    replacement (`sample_distinct`).
 
     Two thresholds trim the tree by the drafter's confidence, both on a node's branch probability (the product
     of q along its branch, 1 at the root). `min_expand_q`: a node's children are drafted only if its branch

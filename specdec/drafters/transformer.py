@@ -47,8 +47,8 @@ class TransformerDrafter(Drafter):
         return [min(t, self.max_input_id) for t in tokens]
 
     def start(self, context: list[int], max_nodes: int, features: torch.Tensor | None = None) -> None:
-        self.lm.reset()
         """Read the prompt's last `prefill_window` tokens, from position 0."""
+        self.lm.reset()
         context = context[-self.prefill_window:]
         if len(context) > 1:
             self.lm.prefill(self._inputs(context[:-1]))  # one causal pass, no tree mask
