@@ -33,9 +33,10 @@ class Method:
 # whose values are steadier (docs/method.md, "Choose the next tree shape"); the arms were chosen with fixed-shape
 # runs, e.g. `python -m specdec bench --methods "ar,mamba-tree:3,mamba-tree:2;1;1,mamba-tree:2;1;1;1"`.
 DEFAULT_ARMS = "0; 3; 2,1,1; 2,1,1,1"
-# Under sampling a node's children are drawn i.i.d. from q, so a second child often repeats the first and a wider
-# tree pays for rows that add little; the bandit then chooses among chains only (docs/benchmarks.md, "The bandit
-# against fixed shapes").
+# Under sampling a second child is kept less often than a deeper first guess, and a wider tree pays for rows that
+# add little: given the tree arms too, the bandit ran slower than with chains only, with siblings drawn
+# independently and without replacement alike (docs/benchmarks.md, "The bandit against fixed shapes" and "#54's
+# figures after siblings without replacement").
 DEFAULT_SAMPLING_ARMS = "0; 3; 4"
 
 
