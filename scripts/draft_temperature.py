@@ -18,6 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
+from specdec.distill.plugin import answer_scores  # noqa: E402
 from specdec.models import load_model  # noqa: E402
 from specdec.vocab import load_draft_vocab  # noqa: E402
 
@@ -32,28 +33,17 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=2, help="the first N shards of --answers")
     args = parser.parse_args()
     model = load_model(args.drafter, torch.device("cpu"), torch.float32, verified=False).model
-    draft_ids = load_draft_vocab(args.drafter)
-    width = model.config.vocab_size
+    draft_ids = load_draft_vocab(args.drafter)  # None: the drafter's head scores every token
     temperatures = [float(t) for t in args.draft_temperatures.split(",")]
     kept, argmax_kept, positions = dict.fromkeys(temperatures, 0.0), 0.0, 0
-    shards = sorted(Path(args.answers).glob("shard_*.pt"))[:args.shards]
-    for shard in (torch.load(path, weights_only=False) for path in shards):
-        starts = shard["starts"].tolist()
-        for a, b in zip(starts[:-1], starts[1:]):
-            drafted = shard["label"][a:b][:-1].nonzero()[:, 0]  # positions whose next token is an answer token
-            if not len(drafted):
-                continue
-            tokens = shard["tokens"][a:b].long()[:int(drafted[-1]) + 1]
-            logits = model(tokens[None]).logits[0, drafted].float()  # [n, V] or [n, |V_d|]
-            if logits.shape[-1] != width:  # a head over the draft vocabulary only
-                logits = torch.full((len(drafted), width), float("-inf")).index_copy_(1, draft_ids, logits)
-            ids = shard["topk_ids"][a:b][drafted].long()  # [n, k]
-            p = torch.softmax(shard["topk_logp"][a:b][drafted].float() / args.temperature, -1)  # p_T on the top-k
-            for t in temperatures:
-                q = torch.softmax(logits / t, -1).gather(1, ids)
-                kept[t] += torch.minimum(p, q).sum().item()
-            argmax_kept += (p * (ids == logits.argmax(-1, keepdim=True))).sum().item()
-            positions += len(drafted)
+    shards = [torch.load(path, weights_only=False) for path in sorted(Path(args.answers).glob("shard_*.pt"))[:args.shards]]
+    for logits, slots, logp in answer_scores(model, shards, draft_ids):  # [n, |V_d|], [n, k], [n, k]
+        p = torch.softmax(logp / args.temperature, -1)  # p_T on the top-k
+        for t in temperatures:
+            q = torch.softmax(logits / t, -1)
+            kept[t] += torch.minimum(p, torch.where(slots >= 0, q.gather(1, slots.clamp_min(0)), 0.0)).sum().item()
+        argmax_kept += (p * (slots == logits.argmax(-1, keepdim=True))).sum().item()
+        positions += len(logits)
     print(f"{args.drafter} on {positions} answer positions of {args.answers} ({len(shards)} shards), "
           f"target at T={args.temperature:g}")
     print("| drafting | first guess kept |\n|---|---|")

@@ -25,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
+from specdec.distill.plugin import answer_scores  # noqa: E402
 from specdec.models import load_model  # noqa: E402
 from specdec.vocab import load_draft_vocab  # noqa: E402
 
@@ -58,29 +59,16 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=2, help="the first N shards of --answers")
     args = parser.parse_args()
     model = load_model(args.drafter, torch.device("cpu"), torch.float32, verified=False).model
-    draft_ids = load_draft_vocab(args.drafter)
-    width = model.config.vocab_size
-    head = draft_ids if draft_ids is not None else torch.arange(width)
-    position_in_head = torch.full((width,), -1, dtype=torch.long).index_copy_(0, head, torch.arange(len(head)))
+    draft_ids = load_draft_vocab(args.drafter)  # None: the drafter's head scores every token
     sums, positions = [0.0, 0.0, 0.0], 0
-    shards = sorted(Path(args.answers).glob("shard_*.pt"))[:args.shards]
-    for shard in (torch.load(path, weights_only=False) for path in shards):
-        starts = shard["starts"].tolist()
-        for a, b in zip(starts[:-1], starts[1:]):
-            drafted = shard["label"][a:b][:-1].nonzero()[:, 0]  # positions whose next token is an answer token
-            if not len(drafted):
-                continue
-            tokens = shard["tokens"][a:b].long()[:int(drafted[-1]) + 1]
-            logits = model(tokens[None]).logits[0, drafted].float()  # [n, V] or [n, |V_d|]
-            if logits.shape[-1] == width:
-                logits = logits[:, head]
-            q_full = torch.softmax(logits / args.temperature, -1)  # [n, W]
-            ids = position_in_head[shard["topk_ids"][a:b][drafted].long()]  # [n, k]
-            p = torch.softmax(shard["topk_logp"][a:b][drafted].float() / args.temperature, -1)  # [n, k]
-            for i in range(0, len(drafted), CHUNK):
-                for j, value in enumerate(node_chances(p[i:i + CHUNK], q_full[i:i + CHUNK], ids[i:i + CHUNK])):
-                    sums[j] += value
-            positions += len(drafted)
+    shards = [torch.load(path, weights_only=False) for path in sorted(Path(args.answers).glob("shard_*.pt"))[:args.shards]]
+    for logits, slots, logp in answer_scores(model, shards, draft_ids):  # [n, |V_d|], [n, k], [n, k]
+        q = torch.softmax(logits / args.temperature, -1)
+        p = torch.softmax(logp / args.temperature, -1)
+        for i in range(0, len(q), CHUNK):
+            for j, value in enumerate(node_chances(p[i:i + CHUNK], q[i:i + CHUNK], slots[i:i + CHUNK])):
+                sums[j] += value
+        positions += len(q)
     print(f"{args.drafter} on {positions} answer positions of {args.answers} ({len(shards)} shards), T={args.temperature:g}")
     print("| a node's children | kept |\n|---|---|")
     for label, value in zip(("one child", "two, the second independent", "two, the second distinct"), sums):

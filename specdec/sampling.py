@@ -45,6 +45,20 @@ def logits_to_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0
     return torch.softmax(scores, dim=-1).reshape(shape)
 
 
+def _invert(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The tokens at fractions `u` [R, k] in [0, 1) of each row's cumulative weights [R, V] (a wide float dtype)
+    -> [R, k]: the first token whose cumulative weight exceeds u times the row's total. A u that rounds up to the
+    total gets the last token of positive weight (the first to reach the total)."""
+    cdf = weights.cumsum(-1)  # [R, V]
+    total = cdf[:, -1:].contiguous()  # [R, 1]
+    draws = torch.searchsorted(cdf, u * total, right=True)
+    return torch.minimum(draws, torch.searchsorted(cdf, total))
+
+
+def _wide(flat: torch.Tensor) -> torch.dtype:
+    return torch.float32 if flat.device.type == "mps" else torch.float64
+
+
 def sample(probs: torch.Tensor, num_samples: int, generator: torch.Generator | None) -> torch.Tensor:
     """i.i.d. draws (with replacement) from each row of `probs` (weights, not necessarily summing to 1):
     [..., V] -> [..., num_samples].
@@ -55,16 +69,11 @@ def sample(probs: torch.Tensor, num_samples: int, generator: torch.Generator | N
     is its weight up to float64 rounding (float32 on Apple's MPS, which has no float64).
     """
     flat = probs.reshape(-1, probs.shape[-1])
-    wide = torch.float32 if flat.device.type == "mps" else torch.float64
-    cdf = flat.to(wide).cumsum(-1)  # [R, V]
-    total = cdf[:, -1:].contiguous()  # [R, 1]
-    if not bool((total > 0).all()):
+    weights = flat.to(_wide(flat))
+    if not bool((weights.sum(-1) > 0).all()):
         raise ValueError("cannot sample from a row without positive weight")
-    u = torch.rand(len(flat), num_samples, generator=generator, device=flat.device, dtype=wide) * total
-    draws = torch.searchsorted(cdf, u, right=True)  # the first token whose cumulative weight exceeds u
-    # u may round up to the total: the last token of positive weight then (the first to reach the total)
-    draws = torch.minimum(draws, torch.searchsorted(cdf, total))
-    return draws.reshape(*probs.shape[:-1], num_samples)
+    u = torch.rand(len(flat), num_samples, generator=generator, device=flat.device, dtype=weights.dtype)
+    return _invert(weights, u).reshape(*probs.shape[:-1], num_samples)
 
 
 def sample_distinct(probs: torch.Tensor, num_samples: int, generator: torch.Generator | None) -> torch.Tensor:
@@ -72,27 +81,21 @@ def sample_distinct(probs: torch.Tensor, num_samples: int, generator: torch.Gene
     draw j from the row's weights with draws 0..j-1 removed; -1 where a row has fewer tokens of positive weight
     than draws.
 
-    Each draw is `sample`'s inversion of a cumulative sum, taken over the weights left: after a token that held
-    nearly all the weight is drawn, what is left may be far below the first sum's rounding, so each draw sums
-    afresh (a sum a draw; a node has few children).
+    Each draw is `sample`'s, over the weights left: after a token that held nearly all the weight is drawn, what
+    is left may be far below the first sum's rounding, so each draw sums afresh (a node has few children).
     """
     flat = probs.reshape(-1, probs.shape[-1])
-    wide = torch.float32 if flat.device.type == "mps" else torch.float64
-    weights = flat.to(wide, copy=True)  # [R, V], drawn tokens zeroed as they are drawn
+    weights = flat.to(_wide(flat), copy=True)  # [R, V], drawn tokens zeroed as they are drawn
     if not bool((weights.sum(-1) > 0).all()):
         raise ValueError("cannot sample from a row without positive weight")
-    index = torch.arange(flat.shape[-1], device=flat.device)
+    rows = torch.arange(len(flat), device=flat.device)
     draws = torch.full((len(flat), num_samples), -1, dtype=torch.long, device=flat.device)
     for j in range(num_samples):
-        cdf = weights.cumsum(-1)  # [R, V]
-        total = cdf[:, -1]  # [R]
-        u = torch.rand(len(flat), generator=generator, device=flat.device, dtype=wide) * total
-        x = torch.searchsorted(cdf, u[:, None], right=True)[:, 0]  # the first token whose sum exceeds u
-        # u may round up to the total: the last token of positive weight then
-        x = torch.minimum(x, torch.where(weights > 0, index, -1).amax(-1).clamp_min(0))
-        valid = total > 0
-        draws[:, j] = torch.where(valid, x, -1)
-        weights[valid, x[valid]] = 0.0
+        left = weights.sum(-1) > 0  # [R] rows with a token of positive weight left
+        u = torch.rand(len(flat), 1, generator=generator, device=flat.device, dtype=weights.dtype)
+        x = _invert(weights, u)[:, 0]
+        draws[:, j] = torch.where(left, x, -1)
+        weights[rows[left], x[left]] = 0.0
     return draws.reshape(*probs.shape[:-1], num_samples)
 
 

@@ -215,26 +215,16 @@ def test_rounds_that_draft_nothing_leave_the_tokens_for_one_sequence_pass():
     torch.testing.assert_close(fed.conv, state.conv)
 
 
-def test_the_drafter_starts_from_the_prompts_last_tokens(monkeypatch):
-    """A prompt longer than `prefill_window` is read from its last tokens only: the root's q is that of those
-    tokens from a zero state."""
-    monkeypatch.setattr(MambaDrafter, "prefill_window", 4)
-    model = tiny_mamba(V, seed=3)
-    drafter = MambaDrafter(model, V)
-    context = [4, 1, 9, 7, 2, 11, 5]
-    drafter.start(context, 4)
-    tree = drafter.draft(TreeShape((1,)), Sampler(1.0, 1.0, torch.Generator().manual_seed(0)))
-    torch.testing.assert_close(tree.q[0], torch.softmax(_scratch_logits(model, context[-4:]), -1), atol=1e-5, rtol=1e-4)
-    assert not torch.allclose(tree.q[0], torch.softmax(_scratch_logits(model, context), -1), atol=1e-3)
-
-
-def test_the_transformer_drafter_starts_from_the_prompts_last_tokens_at_position_0(monkeypatch):
-    """The same window for the Transformer drafter: its root q is the model's over the last tokens alone."""
+@pytest.mark.parametrize("kind", ["mamba", "transformer"])
+def test_a_drafter_starts_from_the_prompts_last_tokens(monkeypatch, kind):
+    """A prompt longer than `prefill_window` is read from its last tokens only: the root's q is the model's over
+    those tokens alone (from a zero state; for the Transformer drafter, from position 0)."""
     from specdec.drafters.transformer import TransformerDrafter
 
-    monkeypatch.setattr(TransformerDrafter, "prefill_window", 4)
-    model = tiny_llama(V, seed=3)
-    drafter = TransformerDrafter(model, V)
+    drafter_class, model = ((MambaDrafter, tiny_mamba(V, seed=3)) if kind == "mamba"
+                            else (TransformerDrafter, tiny_llama(V, seed=3)))
+    monkeypatch.setattr(drafter_class, "prefill_window", 4)
+    drafter = drafter_class(model, V)
     context = [4, 1, 9, 7, 2, 11, 5]
     drafter.start(context, 4)
     tree = drafter.draft(TreeShape((1,)), Sampler(1.0, 1.0, torch.Generator().manual_seed(0)))

@@ -20,7 +20,7 @@ from transformers import (AutoConfig, LlamaConfig, LlamaForCausalLM, MambaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 from transformers.models.mamba.modeling_mamba import MambaBlock
 
-from specdec.distill.recipe import Answer, Recipe, TrainConfig, choose_draft_vocab, distill_loss
+from specdec.distill.recipe import Answer, Recipe, TrainConfig, choose_draft_vocab, distill_loss, vocab_lut
 from specdec.distill.teacher import Shard
 from specdec.drafters.mamba import MambaDrafter
 from specdec.drafters.mixer import blocks_forward
@@ -121,6 +121,24 @@ def draft_logits(model: PreTrainedModel, input_ids: torch.Tensor, draft_ids: tor
     """Drafter logits over V_d only: final hidden state times the V_d rows of the tied embedding, [B, L, |V_d|]."""
     head = model.get_output_embeddings().weight[draft_ids]  # [|V_d|, d]
     return final_hidden(model, input_ids) @ head.T
+
+
+def answer_scores(model: PreTrainedModel, shards: list[Shard],
+                  draft_ids: torch.Tensor | None) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Per answer of teacher shards, at each position whose next token is an answer token: (the drafter's logits
+    over V_d [n, |V_d|], the slots in V_d of the target's stored top-k [n, k] (-1 outside V_d), their log-probs
+    [n, k]). The drafter reads the answer from a zero state, with its prompt. `draft_ids` None: every token."""
+    if draft_ids is None:
+        draft_ids = torch.arange(model.config.vocab_size)
+    lut = vocab_lut(draft_ids, model.config.vocab_size)
+    for shard in shards:
+        starts = shard["starts"].tolist()
+        for a, b in zip(starts[:-1], starts[1:]):
+            drafted = shard["label"][a:b][:-1].nonzero()[:, 0]  # positions whose next token is an answer token
+            if len(drafted):
+                tokens = shard["tokens"][a:b].long()[:int(drafted[-1]) + 1]
+                yield (draft_logits(model, tokens[None], draft_ids)[0, drafted].float(),
+                       lut[shard["topk_ids"][a:b][drafted].long()], shard["topk_logp"][a:b][drafted].float())
 
 
 GUESS_BLOCK = 512  # positions scored at once by `draft_argmax`

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.sampling import logits_to_probs, sample, sample_distinct
+from specdec.sampling import logits_to_probs, sample_distinct
 from specdec.tree import TreeShape
 
 
@@ -70,7 +70,7 @@ class Sampler:
         q = logits_to_probs(logits, self.temperature, self.top_p)  # [m, V]
         if self.greedy:  # a chain's one child by `max`, much cheaper than `topk` over a large vocabulary
             return logits.max(-1, keepdim=True).indices if width == 1 else logits.topk(width, dim=-1).indices, q
-        return (sample(q, 1, self.generator) if width == 1 else sample_distinct(q, width, self.generator)), q
+        return sample_distinct(q, width, self.generator), q  # [m, width]
 
 
 class TreeBuilder:
@@ -122,11 +122,9 @@ class Drafter(ABC):
     name: str = "drafter"
     reads_target: bool = False  # whether it uses the target's hidden states (shown in the app)
     max_context: int | None = None  # the longest context it can take, when it has a limit
-    # The prompt tokens (the last ones) a plug-in drafter reads when a generation starts. A longer prompt then
-    # costs the drafter no more, and its guesses lose nothing by it: the Mamba drafter's are as good from the last
-    # 128 tokens as from 4k, and the Transformer drafter's are better, as it was last trained on short windows
-    # (docs/benchmarks.md, "The drafter's start on a long prompt"). What a drafter drafts never changes what is
-    # emitted.
+    # The prompt tokens (the last ones) a plug-in drafter reads when a generation starts, so that a longer prompt
+    # costs the drafter no more; its guesses lose nothing by it (docs/benchmarks.md, "The drafter's start on a long
+    # prompt"), and what a drafter drafts never changes what is emitted.
     prefill_window: int = PREFILL_WINDOW
 
     @classmethod
